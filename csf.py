@@ -108,13 +108,13 @@ def fill_env_defaults(args):
     if args.env_id not in envs.ENV_SPECS:
         sys.exit(f"csf.py: error: unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
     spec = envs.ENV_SPECS[args.env_id]
-    args.skill_dim = args.skill_dim if args.skill_dim is not None else SKILL_DIMS[args.env_id]
-    args.total_env_steps = args.total_env_steps if args.total_env_steps is not None else spec.total_env_steps
-    args.num_envs = args.num_envs or spec.num_envs
-    args.grad_steps_per_epoch = args.grad_steps_per_epoch if args.grad_steps_per_epoch is not None else spec.grad_steps_per_epoch
-    args.buffer_size = args.buffer_size or spec.buffer_size
-    args.eval_every = args.eval_every or spec.eval_every
-    args.checkpoint_every = args.checkpoint_every or args.eval_every
+    for flag, paper_value in (("skill_dim", SKILL_DIMS[args.env_id]), ("total_env_steps", spec.total_env_steps),
+                              ("num_envs", spec.num_envs), ("grad_steps_per_epoch", spec.grad_steps_per_epoch),
+                              ("buffer_size", spec.buffer_size), ("eval_every", spec.eval_every)):
+        if getattr(args, flag) is None:
+            setattr(args, flag, paper_value)
+    if args.checkpoint_every is None:
+        args.checkpoint_every = args.eval_every
     for flag in ("skill_dim", "total_env_steps", "num_envs", "batch_size", "buffer_size", "hidden_dim",
                  "eval_every", "checkpoint_every", "num_negatives"):
         if getattr(args, flag) <= 0:
@@ -130,6 +130,35 @@ def sample_skills(n, skill_dim, generator=None):
     return z / z.norm(dim=-1, keepdim=True)
 
 
+# ---------------------------------------------------------------- losses (spec §2.1)
+def contrastive_phi_loss(dphi, skill, negatives, xi):
+    """L(φ) = -E[(φ(s') - φ(s))ᵀz] + ξ E[log Σ_j exp((φ(s') - φ(s))ᵀz'_j)]   (paper Eq. 8 with ξ, Alg. 1)
+
+    dphi: (B, d) = φ(s') - φ(s); skill: (B, d) the positives; negatives: (M, d) prior samples shared by the batch.
+    A plain log-sum-exp (no 1/M, no temperature), the positive not among the negatives. Returns the loss
+    and the batch mean of the log-sum-exp term, which sits at log M while Δφ ≈ 0.
+    """
+    positive = (dphi * skill).sum(-1)  # (φ(s') - φ(s))ᵀz
+    logsumexp = torch.logsumexp(dphi @ negatives.T, dim=-1)  # log Σ_j exp((φ(s') - φ(s))ᵀz'_j)
+    return -(positive - xi * logsumexp).mean(), logsumexp.mean()
+
+
+def successor_feature_target(dphi, next_psi1, next_psi2, skill, gamma):
+    """ψ̂ = φ(s') - φ(s) + γ ψ̄_k(s', a', z), k = argmin_k ψ̄_k(s', a', z)ᵀz per sample   (paper §5.2, spec §2.1)
+
+    The whole vector of the target net with the smaller value ψ̄ᵀz (not an elementwise min), no entropy term,
+    never terminal (the 200-step time limit is not an end of the task).
+    """
+    next_psi = torch.stack([next_psi1, next_psi2])  # (2, B, d)
+    smaller = (next_psi * skill).sum(-1).argmin(0)  # (B,): which target net has the smaller ψ̄ᵀz
+    return dphi + gamma * next_psi[smaller, torch.arange(len(skill))]
+
+
+def temperature_loss(log_alpha, log_prob, target_entropy):
+    """L(α) = -E[log α (log π(a|s, z) + H̄)]: α grows while the entropy -log π is below H̄ = -|A|/2 (spec §1.7)."""
+    return -(log_alpha * (log_prob + target_entropy)).mean()
+
+
 # ---------------------------------------------------------------- networks (spec §1.8)
 def mlp(in_dim, hidden_dim, out_dim, activation, init):
     """Linear → act → Linear → act → Linear, zero biases."""
@@ -142,15 +171,28 @@ def mlp(in_dim, hidden_dim, out_dim, activation, init):
     return net
 
 
+class Phi(nn.Module):
+    """φ(s) ∈ R^d, the state representation (ReLU MLP, Xavier-uniform; the official code's "trajectory encoder")."""
+
+    def __init__(self, observation_space, skill_dim, hidden_dim):
+        super().__init__()
+        self.encoder, features = envs.make_encoder(observation_space)  # every network owns its encoder (spec §1.9)
+        self.net = mlp(features, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_)
+
+    def forward(self, obs):
+        return self.net(self.encoder(obs))
+
+
 class SuccessorFeatures(nn.Module):
     """ψ(s, a, z) ∈ R^d: the discounted sum of future Δφ under π(·|·, z); Q(s, a, z) = ψ(s, a, z)ᵀz."""
 
-    def __init__(self, obs_dim, action_dim, skill_dim, hidden_dim):
+    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
         super().__init__()
-        self.net = mlp(obs_dim + skill_dim + action_dim, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_normal_)
+        self.encoder, features = envs.make_encoder(observation_space)
+        self.net = mlp(features + skill_dim + action_dim, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_normal_)
 
     def forward(self, obs, skill, action):
-        return self.net(torch.cat([obs, skill, action], -1))
+        return self.net(torch.cat([self.encoder(obs), skill, action], -1))
 
 
 class Actor(nn.Module):
@@ -158,9 +200,10 @@ class Actor(nn.Module):
 
     LOG_STD_MIN, LOG_STD_MAX = math.log(1e-6), 2.0
 
-    def __init__(self, obs_dim, action_dim, skill_dim, hidden_dim):
+    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
         super().__init__()
-        self.trunk = mlp(obs_dim + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
+        self.encoder, features = envs.make_encoder(observation_space)
+        self.trunk = mlp(features + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
         self.mean = nn.Linear(hidden_dim, action_dim)
         self.log_std = nn.Linear(hidden_dim, action_dim)
         for head in (self.mean, self.log_std):
@@ -169,13 +212,13 @@ class Actor(nn.Module):
             nn.init.zeros_(head.bias)
 
     def forward(self, obs, skill):
-        h = self.trunk(torch.cat([obs, skill], -1))
+        h = self.trunk(torch.cat([self.encoder(obs), skill], -1))
         return self.mean(h), self.log_std(h).clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
 
     def sample(self, obs, skill):
         """A reparameterized action and its log-probability, with the tanh correction."""
         mean, log_std = self(obs, skill)
-        normal = torch.distributions.Normal(mean, log_std.exp())
+        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaNs are caught per epoch
         u = normal.rsample()
         action = torch.tanh(u)
         log_prob = normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
@@ -187,33 +230,58 @@ class Actor(nn.Module):
 
 # ---------------------------------------------------------------- replay buffer (spec §1.4)
 class ReplayBuffer:
-    """A ring of transitions (s, a, s', z); whole epochs are appended, the oldest overwritten first."""
+    """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement.
 
-    FIELDS = ("obs", "action", "next_obs", "skill")
+    Observations are stored once per time step (s'_t is s_{t+1}), and of a stacked pixel observation only its
+    newest frame, as uint8: the stack is rebuilt by index, oldest frame first, the first frame repeated at
+    the start of a trajectory, as the env built it. A 300k-transition pixel buffer then takes 3.7 GB instead
+    of the official 22 GB (obs and next_obs, all 3 frames each). The capacity is rounded down to whole
+    trajectories.
+    """
 
-    def __init__(self, capacity, obs_dim, action_dim, skill_dim, rng):
-        dims = {"obs": obs_dim, "action": action_dim, "next_obs": obs_dim, "skill": skill_dim}
-        self.data = {k: np.zeros((capacity, dims[k]), dtype=np.float32) for k in self.FIELDS}
-        self.capacity, self.pos, self.size, self.rng = capacity, 0, 0, rng
+    def __init__(self, capacity, horizon, observation_space, frame_stack, action_dim, skill_dim, rng):
+        frame_shape = observation_space.shape[:-1] + (observation_space.shape[-1] // frame_stack,)
+        num_trajectories = capacity // horizon
+        self.frames = np.zeros((num_trajectories, horizon + 1, *frame_shape), observation_space.dtype)
+        self.actions = np.zeros((num_trajectories, horizon, action_dim), np.float32)
+        self.skills = np.zeros((num_trajectories, skill_dim), np.float32)
+        self.horizon, self.frame_stack, self.rng = horizon, frame_stack, rng
+        self.pos, self.num_stored = 0, 0  # in trajectories
 
-    def add(self, **batch):
-        n = len(batch["obs"])
-        idx = (self.pos + np.arange(n)) % self.capacity
-        for k in self.FIELDS:
-            self.data[k][idx] = batch[k]
-        self.pos, self.size = (self.pos + n) % self.capacity, min(self.size + n, self.capacity)
+    @property
+    def size(self):  # stored transitions
+        return self.num_stored * self.horizon
+
+    def add(self, observations, actions, skills):
+        """observations: (n, horizon + 1, *obs_shape) with the final one; actions: (n, horizon, |A|); skills: (n, d)."""
+        n, capacity = len(observations), len(self.frames)
+        idx = (self.pos + np.arange(n)) % capacity
+        self.frames[idx] = observations[..., -self.frames.shape[-1]:]  # the newest frame of each stack
+        self.actions[idx], self.skills[idx] = actions, skills
+        self.pos, self.num_stored = (self.pos + n) % capacity, min(self.num_stored + n, capacity)
+
+    def observation(self, trajectory, t):
+        """The observation at step t of each trajectory: frames t-k+1..t (clipped at 0) along the last axis."""
+        steps = np.maximum(t[:, None] + np.arange(1 - self.frame_stack, 1), 0)  # (B, k), oldest first
+        frames = self.frames[trajectory[:, None], steps]  # (B, k, *frame_shape)
+        return np.moveaxis(frames, 1, -2).reshape(*frames.shape[:1], *frames.shape[2:-1], -1)
 
     def sample(self, batch_size, device, rng=None):
-        idx = (rng or self.rng).integers(0, self.size, batch_size)
-        return {k: torch.as_tensor(v[idx], device=device) for k, v in self.data.items()}
+        i = (rng or self.rng).integers(0, self.size, batch_size)  # uniform over transitions
+        trajectory, t = i // self.horizon, i % self.horizon
+        batch = {"obs": self.observation(trajectory, t), "action": self.actions[trajectory, t],
+                 "next_obs": self.observation(trajectory, t + 1), "skill": self.skills[trajectory]}
+        return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
 
     def state_dict(self):
-        return {"pos": self.pos, "size": self.size, **{k: v[: self.size].copy() for k, v in self.data.items()}}
+        n = self.num_stored
+        return {"pos": self.pos, "num_stored": n, "frames": self.frames[:n].copy(), "actions": self.actions[:n].copy(),
+                "skills": self.skills[:n].copy()}
 
     def load_state_dict(self, state):
-        self.pos, self.size = state["pos"], state["size"]
-        for k in self.FIELDS:
-            self.data[k][: self.size] = state[k]
+        self.pos, self.num_stored = state["pos"], state["num_stored"]
+        n = self.num_stored
+        self.frames[:n], self.actions[:n], self.skills[:n] = state["frames"], state["actions"], state["skills"]
 
 
 # ---------------------------------------------------------------- evaluation (spec §4.1-4.2)
@@ -267,24 +335,25 @@ def main(args):
         for i in range(NUM_EVAL_SKILLS)])
     train_envs.reset(seed=args.seed)
     eval_envs.reset(seed=args.seed + 10_000)
-    obs_dim = train_envs.single_observation_space.shape[0]
+    observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
     action_dim = train_envs.single_action_space.shape[0]
     d = args.skill_dim
 
     # ------------------------------------------------------------ networks and optimizers
-    phi = mlp(obs_dim, args.hidden_dim, d, nn.ReLU, nn.init.xavier_uniform_).to(device)
-    psi1, psi2 = (SuccessorFeatures(obs_dim, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
-    psi1_target, psi2_target = (SuccessorFeatures(obs_dim, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
+    phi = Phi(observation_space, d, args.hidden_dim).to(device)
+    psi1, psi2 = (SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
+    psi1_target, psi2_target = (SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim).to(device)
+                                for _ in range(2))
     psi1_target.load_state_dict(psi1.state_dict())
     psi2_target.load_state_dict(psi2.state_dict())
-    actor = Actor(obs_dim, action_dim, d, args.hidden_dim).to(device)
+    actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
     log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
     target_entropy = -action_dim / 2  # the official code halves the usual -|A| (spec §1.7)
     phi_optimizer = torch.optim.Adam(phi.parameters(), lr=args.lr)
     psi_optimizer = torch.optim.Adam(list(psi1.parameters()) + list(psi2.parameters()), lr=args.lr)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.lr)
     alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.lr)
-    rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, d, rng)
+    rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng)
     modules = {"phi": phi, "psi1": psi1, "psi2": psi2, "psi1_target": psi1_target, "psi2_target": psi2_target,
                "actor": actor, "phi_optimizer": phi_optimizer, "psi_optimizer": psi_optimizer,
                "actor_optimizer": actor_optimizer, "alpha_optimizer": alpha_optimizer}
@@ -331,9 +400,10 @@ def main(args):
         env_steps = epoch * steps_per_epoch
         result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
                   "wall_time": round(wall_time + time.time() - segment_start, 2), "coverage": envs.coverage(coordinates)}
-        if rb.size > 0:  # E‖φ(s') - φ(s)‖² over replay transitions
-            batch = rb.sample(min(NUM_DPHI_SAMPLES, rb.size), device, rng=eval_rng)
-            result["dphi_sq"] = (phi(batch["next_obs"]) - phi(batch["obs"])).pow(2).sum(-1).mean().item()
+        if rb.size > 0:  # E‖φ(s') - φ(s)‖² over replay transitions, in chunks that fit in memory with pixels
+            n = min(NUM_DPHI_SAMPLES, rb.size)
+            batches = [rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000)]
+            result["dphi_sq"] = torch.cat([(phi(b["next_obs"]) - phi(b["obs"])).pow(2).sum(-1) for b in batches]).mean().item()
         result.update(epoch_stats)
         result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         plot_skills(coordinates, skills.numpy(), os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
@@ -348,30 +418,25 @@ def main(args):
                 writer.add_scalar(f"eval/{key}", result[key], env_steps)
         with open(os.path.join(run_dir, "eval.jsonl"), "a") as f:
             f.write(json.dumps(result) + "\n")
-        print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | "
-              f"E|dphi|^2 {result.get('dphi_sq', float('nan')):.3g} | " + " | ".join(f"{k} {v:.4g}" for k, v in epoch_stats.items()))
+        print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | " + " | ".join(
+            f"{k} {result[k]:.4g}" for k in ("dphi_sq", *epoch_stats) if k in result), flush=True)
 
     # ------------------------------------------------------------ one gradient step (spec §2.1, §7)
     def update(batch):
         obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
 
-        # φ step. L(φ) = -E[(φ(s') - φ(s))ᵀz] + ξ E[log Σ_{z'} exp((φ(s') - φ(s))ᵀz')]   (paper Alg. 1, Eq. 8)
+        # φ step on the contrastive lower bound
         negatives = sample_skills(args.num_negatives, d).to(device)  # z'_j ~ p(z), fresh each step, shared by the batch
-        dphi = phi(next_obs) - phi(obs)
-        positive = (dphi * skill).sum(-1)  # (φ(s') - φ(s))ᵀz
-        logsumexp = torch.logsumexp(dphi @ negatives.T, dim=-1)  # log Σ_j exp((φ(s') - φ(s))ᵀz'_j), positive excluded
-        phi_loss = -(positive - args.xi * logsumexp).mean()
+        phi_loss, logsumexp = contrastive_phi_loss(phi(next_obs) - phi(obs), skill, negatives, args.xi)
         phi_optimizer.zero_grad()
         phi_loss.backward()
         phi_optimizer.step()
 
-        # ψ step. ψ(s,a,z) ← φ(s') - φ(s) + γ ψ̄_k(s', a', z), a' ~ π(·|s', z), k = argmin_k ψ̄_k(s', a', z)ᵀz  (paper §5.2)
+        # ψ step. L(ψ) = E[(ψ(s, a, z) - (φ(s') - φ(s) + γ ψ̄(s', a', z)))²], a' ~ π(·|s', z)   (paper §5.2, Alg. 1)
         with torch.no_grad():
-            dphi = phi(next_obs) - phi(obs)  # the cumulant, from the φ just updated
-            next_action, _ = actor.sample(next_obs, skill)
-            next_psi = torch.stack([psi1_target(next_obs, skill, next_action), psi2_target(next_obs, skill, next_action)])
-            smaller = (next_psi * skill).sum(-1).argmin(0)  # per sample: the target net with the smaller ψ̄ᵀz
-            target = dphi + args.gamma * next_psi[smaller, torch.arange(len(skill))]  # its whole vector, no entropy term
+            next_action, _ = actor.sample(next_obs, skill)  # the cumulant Δφ comes from the φ just updated
+            target = successor_feature_target(phi(next_obs) - phi(obs), psi1_target(next_obs, skill, next_action),
+                                              psi2_target(next_obs, skill, next_action), skill, args.gamma)
         psi_loss = F.mse_loss(psi1(obs, skill, action), target) + F.mse_loss(psi2(obs, skill, action), target)
         psi_optimizer.zero_grad()
         psi_loss.backward()
@@ -390,18 +455,21 @@ def main(args):
         actor_loss.backward()
         actor_optimizer.step()
 
-        # α step. L(α) = -E[log α (log π(a|s,z) + H̄)], H̄ = -|A|/2   (spec §1.7)
-        alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
+        # α step towards the target entropy
+        alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
         alpha_optimizer.zero_grad()
         alpha_loss.backward()
         alpha_optimizer.step()
-        return torch.stack([phi_loss, psi_loss, actor_loss, alpha_loss, logsumexp.mean(), alpha]).detach()
+        return torch.stack([phi_loss, psi_loss, actor_loss, alpha_loss, logsumexp, alpha]).detach()
 
     stat_names = ("phi_loss", "psi_loss", "actor_loss", "alpha_loss", "logsumexp", "alpha")
 
     # ------------------------------------------------------------ main loop
+    def new_window():  # what happened since the last evaluation
+        return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
+
     segment_start = time.time()
-    since_eval = {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
+    since_eval = new_window()
     for epoch in range(start_epoch, num_epochs + 1):
         # evaluate and checkpoint at the start of the epoch: what the previous `epoch` epochs produced
         if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
@@ -412,7 +480,7 @@ def main(args):
             if since_eval["grad_steps"]:
                 stats["ms_per_grad_step"] = 1000 * since_eval["train_time"] / since_eval["grad_steps"]
             evaluate(epoch, stats)
-            since_eval = {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
+            since_eval = new_window()
         if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
             save_checkpoint(epoch)
         if epoch == num_epochs:
@@ -421,16 +489,15 @@ def main(args):
         # collect one trajectory per env, one skill each, with the stochastic policy
         skills = sample_skills(args.num_envs, d).to(device)
         obs, _ = train_envs.reset()
-        traj = {k: [] for k in ReplayBuffer.FIELDS}
+        observations, actions = [obs], []
         with torch.no_grad():
             for _ in range(spec.horizon):
-                action, _ = actor.sample(torch.as_tensor(obs, device=device), skills)
-                next_obs, _, terminated, _, _ = train_envs.step(action.cpu().numpy())
+                action = actor.sample(torch.as_tensor(obs, device=device), skills)[0].cpu().numpy()
+                obs, _, terminated, _, _ = train_envs.step(action)
                 assert not terminated.any(), "pretraining envs never terminate"
-                for k, v in (("obs", obs), ("action", action.cpu().numpy()), ("next_obs", next_obs), ("skill", skills.cpu().numpy())):
-                    traj[k].append(v)
-                obs = next_obs  # after the last step this is the final observation; reset() starts the next epoch
-        rb.add(**{k: np.stack(v, 1).reshape(-1, v[0].shape[-1]) for k, v in traj.items()})  # trajectory-major
+                observations.append(obs)  # after the last step, the final observation; reset() starts the next epoch
+                actions.append(action)
+        rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
         since_eval["env_steps"] += steps_per_epoch
         env_steps = (epoch + 1) * steps_per_epoch
 

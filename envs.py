@@ -5,19 +5,63 @@ ship with gymnasium, "track" camera included), frame skip 5, observation = qpos 
 x (and y) kept, never terminating, 200-step horizon, and the fixed "preset" observation normalization
 of the official code (spec §1.10). Each env reports the coordinates used by the coverage metric in
 `info["coordinates"]`, raw (before normalization): Ant (x, y), HalfCheetah (x,).
+
+Pixel worlds (spec §3.3): DMC's Quadruped and Humanoid with the paper's changes (no walls/ball/terrain
+for the quadruped, a 15×15 floor painted with one colour gradient so absolute position shows in the
+COM-tracking camera). Observation = the last 3 frames of 64×64 RGB, stacked along channels oldest first,
+shape (64, 64, 9) uint8; action repeat 2, actions in [-1, 1], never terminating, 200-step horizon;
+`info["coordinates"]` = torso geom (x, y). `PixelEncoder` is the CNN every network puts in front of such
+observations (spec §1.9); `make_encoder` gives it, or an identity for state vectors.
+
+All worlds come from `make_env(env_id, render_mode)`; `render()` gives a 128×128 RGB frame for videos,
+and `env.unwrapped.goal_observation(goal)` the zero-shot goal observation of spec §4.3.
 """
 
+import collections
+import ctypes
+import ctypes.util
 import dataclasses
 import glob
 import os
+import xml.etree.ElementTree as ET
 
 # Headless rendering: MuJoCo picks its OpenGL backend when it is imported. EGL needs a GPU render node;
 # without one, OSMesa renders on the CPU (Debian/Ubuntu package libosmesa6).
-os.environ.setdefault("MUJOCO_GL", "egl" if glob.glob("/dev/dri/renderD*") else "osmesa")
+GL_BACKEND = os.environ.setdefault("MUJOCO_GL", "egl" if glob.glob("/dev/dri/renderD*") else "osmesa")
+GL_LIBRARIES = {"osmesa": ("OSMesa", "libosmesa6"), "egl": ("EGL", "libegl1")}  # backend: (library, package)
+
+
+def _library_loads(name):
+    """Whether the shared library lib<name> is installed and loads."""
+    path = ctypes.util.find_library(name)
+    if path is None:
+        return False
+    try:
+        ctypes.CDLL(path)
+    except OSError:
+        return False
+    return True
+
+
+# `import mujoco` itself fails when the backend's library is missing; then import it without GL, so the
+# state-based worlds still work and the pixel worlds raise a clear error in make_env (see _gl_error).
+GL_MISSING = GL_BACKEND in GL_LIBRARIES and not _library_loads(GL_LIBRARIES[GL_BACKEND][0])
+os.environ["MUJOCO_GL"] = "disable" if GL_MISSING else GL_BACKEND
+import mujoco  # noqa: E402
+
+# dm_control only simulates here (Renderer below draws with mujoco's own GL bindings): import it without GL,
+# since with EGL it opens a display at import time and raises ImportError where that fails.
+os.environ["MUJOCO_GL"] = "disable"
+from dm_control import mujoco as dm_mujoco  # noqa: E402
+from dm_control.rl import control  # noqa: E402
+from dm_control.suite import base, common, humanoid, quadruped  # noqa: E402
+from dm_control.suite.utils import randomizers  # noqa: E402
+
+os.environ["MUJOCO_GL"] = GL_BACKEND
 
 import gymnasium as gym  # noqa: E402
-import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
+from torch import nn  # noqa: E402
 
 MODEL_DIR = os.path.join(os.path.dirname(gym.__file__), "envs", "mujoco", "assets")
 
@@ -34,11 +78,15 @@ class EnvSpec:
     total_env_steps: int  # training budget used for the paper's skill checkpoints (spec §1.1)
     goal_range: float  # zero-shot goals are drawn from U(-goal_range, goal_range) per coordinate
     coord_dim: int  # 2 for (x, y), 1 for x only
+    pixels: bool  # obs is a (64, 64, 3·frame_stack) uint8 image for PixelEncoder, not a state vector
+    frame_stack: int  # frames per observation (1: a single state vector)
 
 
 ENV_SPECS = {
-    "Ant": EnvSpec(200, 8, 50, 1_000_000, 500, 64_000_000, 50.0, 2),
-    "HalfCheetah": EnvSpec(200, 8, 50, 1_000_000, 1000, 64_000_000, 100.0, 1),
+    "Ant": EnvSpec(200, 8, 50, 1_000_000, 500, 64_000_000, 50.0, 2, pixels=False, frame_stack=1),
+    "HalfCheetah": EnvSpec(200, 8, 50, 1_000_000, 1000, 64_000_000, 100.0, 1, pixels=False, frame_stack=1),
+    "Quadruped": EnvSpec(200, 8, 200, 300_000, 125, 4_800_000, 15.0, 2, pixels=True, frame_stack=3),
+    "Humanoid": EnvSpec(200, 8, 200, 300_000, 125, 4_800_000, 10.0, 2, pixels=True, frame_stack=3),
 }
 
 # Preset normalizer statistics of the official code, from 10k random rollouts (spec §1.10).
@@ -49,21 +97,115 @@ CHEETAH_MEAN = [-0.07861924, -0.08627162, 0.08968642, 0.00960849, 0.02950368, -0
 CHEETAH_STD = [0.4039283, 0.07610687, 0.23817, 0.2515473, 0.2698137, 0.26374814, 0.32229397, 0.2896734, 0.2774097, 0.73060024, 0.77360505, 1.5871304, 5.5405455, 6.7097645, 6.8253727, 6.3142195, 6.417641, 5.9759197]
 # fmt: on
 
+VIDEO_SIZE = 128  # render() frames, for videos
+FRAME_SIZE = 64  # pixel observations (spec §1.9)
+FRAME_STACK = 3
+ACTION_REPEAT = 2  # pixel worlds (spec §3.3)
 
-class LocomotionEnv(gym.Env):
-    """A MuJoCo body on an open floor: obs = normalize(qpos ⊕ qvel), never terminates."""
+
+def _gl_error(reason):
+    """One line saying why no OpenGL context could be made, and what fixes it."""
+    loaded = getattr(mujoco, "GLContext", None)  # the backend mujoco took when it was first imported
+    loaded = loaded.__module__.rsplit(".", 1)[-1] if loaded else "disable"
+    if not GL_MISSING and loaded != GL_BACKEND:
+        return (f"cannot render ({reason}): mujoco was imported before envs.py and took MUJOCO_GL={loaded}; "
+                f"import envs first, or export MUJOCO_GL={GL_BACKEND}")
+    package = GL_LIBRARIES.get(GL_BACKEND, (None, None))[1]
+    fix = (f"install the system package {package} (apt-get install {package})" if package else
+           "use MUJOCO_GL=osmesa with the system package libosmesa6, or MUJOCO_GL=egl with libegl1")
+    return f"cannot render with MUJOCO_GL={GL_BACKEND} ({reason}); {fix}"
+
+
+class Renderer:
+    """A size×size offscreen view through one camera, without shadows, multisampling or reflections.
+
+    Speed of 64×64 frames on this 2-core CPU with OSMesa, measured while two training runs shared it
+    (so ±30%): DMC's default rendering (4× multisampling, 2048² shadow map) gives ~20 frames/s for either
+    world, this one 250-400 (shadows alone cost ~10×, multisampling ~1.5×; reflections nothing, as no floor
+    here reflects); EGL on Mesa's llvmpipe is about the same. A whole pixel env step (physics included)
+    then runs at 130-340 steps/s. The 64×64 images still show the floor gradient and the body clearly, so
+    every world renders this way (Ant/HalfCheetah videos included).
+
+    Unlike mujoco.Renderer (3.3), closing or garbage-collecting it frees its GL objects inside its own GL
+    context: mujoco.Renderer frees them in whichever context is current, i.e. in another env's renderer,
+    whose images then turn to garbage.
+    """
+
+    def __init__(self, model, size):
+        if GL_MISSING:
+            raise RuntimeError(_gl_error(f"lib{GL_LIBRARIES[GL_BACKEND][0]} does not load"))
+        model.vis.quality.offsamples = 0  # no multisampling; read when the render context is made
+        model.vis.quality.shadowsize = 0  # no shadow map
+        try:
+            self._gl = mujoco.GLContext(size, size)
+            self._gl.make_current()
+            self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_100)
+        except Exception as err:  # the backend loaded, but no context could be made (e.g. EGL without a device)
+            raise RuntimeError(_gl_error(f"{type(err).__name__}: {str(err).strip().splitlines()[0]}")) from err
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
+        self._model = model
+        self._scene = mujoco.MjvScene(model, maxgeom=1000)
+        self._scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+        self._scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        self._option, self._camera = mujoco.MjvOption(), mujoco.MjvCamera()
+        self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
+        self._rect = mujoco.MjrRect(0, 0, size, size)
+        self._pixels = np.empty((size, size, 3), np.uint8)
+
+    def render(self, data, camera):
+        self._camera.fixedcamid = mujoco.mj_name2id(self._model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+        mujoco.mjv_updateScene(
+            self._model, data, self._option, None, self._camera, mujoco.mjtCatBit.mjCAT_ALL, self._scene)
+        self._gl.make_current()
+        mujoco.mjr_render(self._rect, self._scene, self._context)
+        mujoco.mjr_readPixels(self._pixels, None, self._rect, self._context)
+        return self._pixels[::-1].copy()  # OpenGL rows run bottom-up
+
+    def close(self):
+        if getattr(self, "_context", None) is not None:
+            self._gl.make_current()
+            self._context.free()
+            self._gl.free()
+            self._context = None
+
+    __del__ = close
+
+
+class MujocoEnv(gym.Env):
+    """What every world shares: `model`/`data` (raw MuJoCo), rendering from `camera`, no reward, no end."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+    camera = "track"
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+        self._renderers = {}  # side length -> Renderer, made on first use
+
+    def _frame(self, size):
+        if size not in self._renderers:
+            self._renderers[size] = Renderer(self.model, size)
+        return self._renderers[size].render(self.data, self.camera)
+
+    def render(self):
+        return self._frame(VIDEO_SIZE)
+
+    def close(self):
+        for renderer in self._renderers.values():
+            renderer.close()
+        self._renderers.clear()
+
+
+class LocomotionEnv(MujocoEnv):
+    """A MuJoCo body on an open floor: obs = normalize(qpos ⊕ qvel), never terminates."""
 
     def __init__(self, xml_file, obs_mean, obs_std, coord_dim, render_mode=None, frame_skip=5):
+        super().__init__(render_mode)
         self.model = mujoco.MjModel.from_xml_path(os.path.join(MODEL_DIR, xml_file))
         self.data = mujoco.MjData(self.model)
         self.frame_skip = frame_skip
         self.coord_dim = coord_dim
         self.obs_mean = np.asarray(obs_mean, dtype=np.float64)
         self.obs_std = np.asarray(obs_std, dtype=np.float64)
-        self.render_mode = render_mode
-        self.renderer = None
         obs_dim = self.model.nq + self.model.nv  # Ant 15 + 14, HalfCheetah 9 + 9
         assert obs_dim == len(obs_mean)
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
@@ -91,27 +233,187 @@ class LocomotionEnv(gym.Env):
         mujoco.mj_step(self.model, self.data, nstep=self.frame_skip)
         return self._obs(), 0.0, False, False, self._info()  # skill discovery ignores the env reward
 
-    def render(self):
-        if self.renderer is None:
-            self.renderer = mujoco.Renderer(self.model, 128, 128)
-        self.renderer.update_scene(self.data, camera="track")
-        return self.renderer.render()
+    def goal_observation(self, goal):
+        """Zero-shot goal (spec §4.3): a fresh reset state with its x (, y) replaced by `goal`, normalized.
+        Leaves the env mid-episode: reset it before the next episode."""
+        self.reset()
+        self.data.qpos[: self.coord_dim] = goal
+        return self._obs()
 
-    def close(self):
-        if self.renderer is not None:
-            self.renderer.close()
-            self.renderer = None
+
+# ---------------------------------------------------------------- pixel worlds (DMC, spec §3.3)
+
+
+def _pixel_world_xml(xml):
+    """The paper's floor: 15×15 half-extent, material "mygrid" = one 300×300 texture spread once over it."""
+    root = ET.fromstring(xml)
+    asset = ET.SubElement(root, "asset")
+    ET.SubElement(asset, "texture", name="mygrid", type="2d", builtin="flat", width="300", height="300")
+    ET.SubElement(asset, "material", name="mygrid", texture="mygrid", texrepeat="1 1")  # not texuniform
+    floor = root.find(".//geom[@name='floor']")
+    floor.set("material", "mygrid")
+    floor.set("size", "15 15 " + floor.get("size").split()[2])  # Humanoid 100×100 -> 15×15
+    return ET.tostring(root)
+
+
+def _paint_floor_gradient(model):
+    """Every 2-D texture: texel (row x, col y) = RGB (255·x/H, 255·y/W, 128); every texrepeat 1.
+
+    So each floor location has its own colour and the COM-tracking camera shows absolute position (on the
+    floor, red falls along +y and green rises along +x). Must run before the first renderer is made, since
+    that is when the textures are uploaded.
+    """
+    for tex in np.flatnonzero(model.tex_type == mujoco.mjtTexture.mjTEXTURE_2D):
+        h, w, c = model.tex_height[tex], model.tex_width[tex], model.tex_nchannel[tex]
+        rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+        texels = np.full((h, w, c), 255, np.uint8)  # opaque alpha, if any
+        texels[..., 0], texels[..., 1], texels[..., 2] = 255 * rows / h, 255 * cols / w, 128
+        model.tex_data[model.tex_adr[tex] : model.tex_adr[tex] + h * w * c] = texels.ravel()
+    model.mat_texrepeat[:] = 1
+
+
+def _quadruped_pose(physics, random):
+    """Near-upright (identity quaternion + 0.02·N(0, I), renormalized) at x = y = 0, lifted in 1 cm
+    steps until nothing touches (the paper's Move task; DMC's own run task draws any orientation)."""
+    quat = np.array([1.0, 0.0, 0.0, 0.0]) + 0.02 * random.randn(4)
+    quat /= np.linalg.norm(quat)
+    for z in np.arange(0.0, 5.0, 0.01):
+        try:
+            with physics.reset_context():
+                physics.named.data.qpos["root"] = [0.0, 0.0, z, *quat]
+        except control.PhysicsError:  # deep in the floor, the contact buffer can overflow
+            continue
+        if physics.data.ncon == 0:
+            return
+    raise RuntimeError("found no contact-free height for the quadruped")
+
+
+def _humanoid_pose(physics, random):
+    """DMC's humanoid start: limited joints and the root rotation drawn at random until nothing penetrates."""
+    while True:
+        randomizers.randomize_limited_and_rotational_joints(physics, random)
+        physics.after_reset()
+        if physics.data.ncon == 0:
+            return
+
+
+class _PoseTask(base.Task):
+    """A DMC task that only sets the initial pose: no reward, no state observation, never ends."""
+
+    def __init__(self, set_pose):
+        super().__init__(random=0)  # reseeded from the env's gymnasium generator at every reset
+        self._set_pose = set_pose
+
+    def initialize_episode(self, physics):
+        self._set_pose(physics, self.random)
+        super().initialize_episode(physics)
+
+    def get_observation(self, physics):
+        return collections.OrderedDict()
+
+    def get_reward(self, physics):
+        return 0.0
+
+
+class DMCPixelEnv(MujocoEnv):
+    """A DMC body seen by its COM-tracking camera: obs = last 3 64×64 RGB frames, oldest first (spec §1.9)."""
+
+    def __init__(self, xml, assets, set_pose, control_timestep, camera, goal_settle_steps, render_mode=None):
+        super().__init__(render_mode)
+        self.physics = dm_mujoco.Physics.from_xml_string(_pixel_world_xml(xml), assets)
+        self.model, self.data = self.physics.model.ptr, self.physics.data.ptr
+        _paint_floor_gradient(self.model)
+        self.camera = camera
+        self.goal_settle_steps = goal_settle_steps
+        self._task = _PoseTask(set_pose)
+        # action repeat as a longer control step: the same action held for 2 DMC control steps; no time
+        # limit here (gymnasium's TimeLimit ends episodes)
+        self._env = control.Environment(self.physics, self._task, control_timestep=ACTION_REPEAT * control_timestep)
+        self.metadata = {**self.metadata, "render_fps": round(1 / self._env.control_timestep())}
+        spec = self._env.action_spec()
+        self._ctrl_low, self._ctrl_high = spec.minimum, spec.maximum
+        self.action_space = gym.spaces.Box(-1.0, 1.0, spec.shape, np.float32)  # mapped onto the spec bounds
+        self.observation_space = gym.spaces.Box(0, 255, (FRAME_SIZE, FRAME_SIZE, 3 * FRAME_STACK), np.uint8)
+        self._torso = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_GEOM, "torso")
+        self._frames = collections.deque(maxlen=FRAME_STACK)
+        self._frame(FRAME_SIZE)  # make the GL context now, so a missing backend fails inside make_env
+
+    def _obs(self):
+        return np.concatenate(self._frames, axis=-1)
+
+    def _info(self):
+        # torso geom (x, y) (spec §3.3); it sits on the root body's origin, so it also equals qpos[0:2]
+        return {"coordinates": self.data.geom_xpos[self._torso, :2].copy()}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._task.random.seed(int(self.np_random.integers(2**32)))  # every draw derives from the gym seed
+        self._env.reset()
+        self._frames.extend([self._frame(FRAME_SIZE)] * FRAME_STACK)  # the first frame, repeated
+        return self._obs(), self._info()
+
+    def step(self, action):
+        action = np.clip(action, -1.0, 1.0)
+        self._env.step(self._ctrl_low + (action + 1.0) * (self._ctrl_high - self._ctrl_low) / 2)
+        self._frames.append(self._frame(FRAME_SIZE))
+        return self._obs(), 0.0, False, False, self._info()
+
+    def goal_observation(self, goal):
+        """Zero-shot goal (spec §4.3): reset, move the root to (x, y) = `goal`, settle with zero actions
+        (Quadruped 1 step, Humanoid 50), and tile that one frame 3 times along channels. Leaves the env
+        mid-episode: reset it before the next episode."""
+        self.reset()
+        self.data.qpos[:2] = goal
+        self.physics.after_reset()
+        for _ in range(self.goal_settle_steps):
+            self.step(np.zeros(self.action_space.shape))
+        return np.concatenate([self._frames[-1]] * FRAME_STACK, axis=-1)
 
 
 def make_env(env_id, render_mode=None):
-    """The env of the paper named `env_id`, with its time limit. Raises ValueError for an unknown id."""
+    """The env of the paper named `env_id`, with its time limit. Raises ValueError for an unknown id, and
+    RuntimeError (one line naming the system package to install) when a pixel world finds no OpenGL."""
     if env_id not in ENV_SPECS:
         raise ValueError(f"unknown env {env_id!r}; choose one of {', '.join(ENV_SPECS)}")
     if env_id == "Ant":
         env = LocomotionEnv("ant.xml", ANT_MEAN, ANT_STD, coord_dim=2, render_mode=render_mode)
-    else:
+    elif env_id == "HalfCheetah":
         env = LocomotionEnv("half_cheetah.xml", CHEETAH_MEAN, CHEETAH_STD, coord_dim=1, render_mode=render_mode)
+    elif env_id == "Quadruped":
+        # the suite's model without walls, ball, target, terrain and rangefinders, floor 15×15 as in its
+        # XML; 0.02 s control step; camera "y" (id 2), a side view following the COM
+        env = DMCPixelEnv(quadruped.make_model(), common.ASSETS, _quadruped_pose, 0.02, "y", 1, render_mode)
+    else:
+        # 0.025 s control step; camera "back" (id 0), behind the COM
+        env = DMCPixelEnv(*humanoid.get_model_and_assets(), _humanoid_pose, 0.025, "back", 50, render_mode)
     return gym.wrappers.TimeLimit(env, ENV_SPECS[env_id].horizon)
+
+
+class PixelEncoder(nn.Module):
+    """The CNN in front of every network on pixels (spec §1.9): (N, 64, 64, 3k) HWC images, uint8 or
+    float in [0, 255] -> (N, 1536). Divide by 255 (no mean shift), then 4 unpadded convolutions (kernel 4,
+    stride 2; 64 -> 31 -> 14 -> 6 -> 2 pixels) with ELU; PyTorch's default init, no normalization."""
+
+    out_dim = 384 * 2 * 2
+
+    def __init__(self, in_channels=3 * FRAME_STACK):
+        super().__init__()
+        layers = []
+        for c_in, c_out in zip([in_channels, 48, 96, 192], [48, 96, 192, 384]):
+            layers += [nn.Conv2d(c_in, c_out, kernel_size=4, stride=2), nn.ELU()]
+        self.net = nn.Sequential(*layers, nn.Flatten())
+
+    def forward(self, images):
+        return self.net(images.permute(0, 3, 1, 2).float() / 255.0)
+
+
+def make_encoder(observation_space):
+    """One network's own observation encoder and its feature size: a PixelEncoder for stacked frames, none
+    (identity) for state vectors."""
+    if len(observation_space.shape) == 3:  # (64, 64, 3·frame_stack) uint8
+        encoder = PixelEncoder(in_channels=observation_space.shape[-1])
+        return encoder, encoder.out_dim
+    return nn.Identity(), observation_space.shape[0]
 
 
 def coverage(coordinates):

@@ -1,12 +1,13 @@
-"""Learning benchmark: csf.py on Ant, several seeds side by side (one torch thread each), one table.
+"""Learning benchmark: one agent on Ant, several seeds side by side (one torch thread each), one table.
 
-    python benchmarks/csf_ant.py --total-env-steps 3000000 --seeds 1 2           # about an hour on 2 cores
-    python benchmarks/csf_ant.py --total-env-steps 3000000 --seeds 1 2 --report-only   # table from finished runs
+    python benchmarks/ant_learning.py --agent csf --total-env-steps 3000000 --seeds 1 2   # about an hour on 2 cores
+    python benchmarks/ant_learning.py --agent csf --total-env-steps 3000000 --seeds 1 2 --report-only
 
-Each seed runs in benchmarks/runs/csf_ant/seed<S>/ (its runs/ folder and stdout log). The table (one row per
-evaluation of every seed: env steps, wall time, SPS, ms per gradient step, coverage, E‖Δφ‖², the logsumexp
-term, α, peak RSS) is printed and written to benchmarks/results/csf_ant_<width>.md; the take-off criterion
-(coverage ≥ 50 cells at two consecutive evaluations) is checked per seed at the end.
+Each seed runs in benchmarks/runs/<agent>_ant_<width>/seed<S>/ (its runs/ folder and stdout log). The table
+(one row per evaluation of every seed: env steps, wall time, SPS, ms per gradient step, coverage, E‖Δφ‖², and
+the agent's own diagnostics such as the logsumexp term, α or λ, peak RSS) is printed and written to
+benchmarks/results/<agent>_ant_<width>.md; the take-off criterion (coverage ≥ 50 cells at two consecutive
+evaluations) is checked per seed at the end. --report-only rebuilds the table from finished runs.
 """
 
 import argparse
@@ -18,17 +19,23 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# (eval.jsonl key, column title, format); a column appears when some evaluation has the key
+COLUMNS = [("env_steps", "env steps", ","), ("wall_time", "wall time (s)", ".0f"), ("sps", "SPS", ".0f"),
+           ("ms_per_grad_step", "ms / grad step", ".1f"), ("coverage", "coverage", "d"), ("dphi_sq", "E‖Δφ‖²", ".2e"),
+           ("logsumexp", "logsumexp", ".3f"), ("lambda", "λ", ".3g"), ("constraint", "constraint", ".3g"),
+           ("alpha", "α", ".2e"), ("peak_rss_mb", "peak RSS (MB)", ".0f")]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--agent", default="csf", help="the agent script to run: csf, metra, ...")
     parser.add_argument("--total-env-steps", type=int, default=3_000_000, help="budget per seed")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="seeds, run side by side")
     parser.add_argument("--hidden-dim", type=int, default=256, help="network width (the paper's is 1024)")
     parser.add_argument("--eval-every", type=int, default=50, help="epochs between evaluations (80k env steps)")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the table from finished runs")
     args = parser.parse_args()
-    out_dir = os.path.join(ROOT, "benchmarks", "runs", f"csf_ant_{args.hidden_dim}")
+    out_dir = os.path.join(ROOT, "benchmarks", "runs", f"{args.agent}_ant_{args.hidden_dim}")
 
     if not args.report_only:
         procs = []
@@ -36,7 +43,7 @@ def main():
             seed_dir = os.path.join(out_dir, f"seed{seed}")
             shutil.rmtree(seed_dir, ignore_errors=True)
             os.makedirs(seed_dir)
-            cmd = [sys.executable, os.path.join(ROOT, "csf.py"), "--env-id", "Ant", "--seed", str(seed),
+            cmd = [sys.executable, os.path.join(ROOT, f"{args.agent}.py"), "--env-id", "Ant", "--seed", str(seed),
                    "--total-env-steps", str(args.total_env_steps), "--hidden-dim", str(args.hidden_dim),
                    "--eval-every", str(args.eval_every), "--checkpoint-every", str(10 * args.eval_every), "--no-cuda"]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -47,31 +54,29 @@ def main():
         if any(codes):
             sys.exit(f"a run failed (exit codes {codes}); see {out_dir}/seed*/stdout.log")
 
-    header = "| seed | env steps | wall time (s) | SPS | ms / grad step | coverage | E‖Δφ‖² | logsumexp | α | peak RSS (MB) |"
-    rows = [header, "|---" * (header.count("|") - 1) + "|"]
-    verdicts = []
+    runs = {}
     for seed in args.seeds:
         files = glob.glob(os.path.join(out_dir, f"seed{seed}", "runs", "*", "eval.jsonl"))
         if not files:
             sys.exit(f"no eval.jsonl for seed {seed} under {out_dir}")
-        evals = [json.loads(line) for line in open(files[0])]
+        runs[seed] = [json.loads(line) for line in open(files[0])]
+    present = {key for evals in runs.values() for e in evals for key in e}
+    columns = [c for c in COLUMNS if c[0] in present]
+    rows = ["| seed | " + " | ".join(c[1] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    verdicts = []
+    for seed, evals in runs.items():
         for e in evals:
-            def fmt(key, spec):
-                return format(e[key], spec) if key in e else "–"
-
-            rows.append(f"| {seed} | {e['env_steps']:,} | {e['wall_time']:.0f} | {fmt('sps', '.0f')} | "
-                        f"{fmt('ms_per_grad_step', '.1f')} | {e['coverage']} | {fmt('dphi_sq', '.2e')} | "
-                        f"{fmt('logsumexp', '.3f')} | {fmt('alpha', '.2e')} | {e['peak_rss_mb']:.0f} |")
+            rows.append(f"| {seed} | " + " | ".join(format(e[k], f) if k in e else "–" for k, _, f in columns) + " |")
         takeoff = next((b["env_steps"] for a, b in zip(evals, evals[1:]) if a["coverage"] >= 50 and b["coverage"] >= 50), None)
         verdicts.append(f"seed {seed}: " + (f"coverage ≥ 50 at two consecutive evaluations by {takeoff:,} env steps"
                                             if takeoff else "no take-off (coverage never ≥ 50 twice in a row)"))
     table = "\n".join(rows + [""] + verdicts)
-    command = (f"python benchmarks/csf_ant.py --total-env-steps {args.total_env_steps} --seeds "
+    command = (f"python benchmarks/ant_learning.py --agent {args.agent} --total-env-steps {args.total_env_steps} --seeds "
                f"{' '.join(map(str, args.seeds))} --hidden-dim {args.hidden_dim} --eval-every {args.eval_every}")
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
-    result_file = os.path.join(ROOT, "benchmarks", "results", f"csf_ant_{args.hidden_dim}.md")
+    result_file = os.path.join(ROOT, "benchmarks", "results", f"{args.agent}_ant_{args.hidden_dim}.md")
     with open(result_file, "w") as f:
-        f.write(f"# CSF on Ant, width {args.hidden_dim}\n\n`{command}`\n\n{table}\n")
+        f.write(f"# {args.agent} on Ant, width {args.hidden_dim}\n\n`{command}`\n\n{table}\n")
     print(table)
     print(f"\nwritten to {os.path.relpath(result_file, ROOT)}")
 

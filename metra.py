@@ -1,0 +1,656 @@
+"""METRA (Park et al., ICLR 2024), the baseline of "Can a MISL Fly?" (Zheng et al., ICLR 2025), in one file.
+
+    python metra.py --env-id Ant                            # the paper's settings: z on the unit circle (d = 2)
+    python metra.py --env-id HalfCheetah                    # the paper's settings: one-hot z, K = 16
+    python metra.py --env-id Ant --repr-loss contrastive    # METRA-C, the paper's first ablation (§6.3)
+    python metra.py --env-id Ant --hidden-dim 256           # what a CPU can train in an hour
+
+METRA learns a representation φ: S → R^d whose one-step moves φ(s') - φ(s) point along the skill z, under a
+temporal-distance constraint ‖φ(s') - φ(s)‖² ≤ 1, and trains a skill-conditioned SAC policy on the intrinsic
+reward r = (φ(s') - φ(s))ᵀz (paper Eq. 6). The constraint has one dual variable λ for all transitions, so it
+holds only in expectation over the replay buffer (paper Eq. 5, 7 and Prop. 1: at the optimum E‖Δφ‖² = 1), and
+it is the quadratic approximation of the negative term of a contrastive lower bound (Prop. 2):
+log E_z[exp(Δφᵀz)] ≈ ‖Δφ‖²/(2d). --save-repr-stats and benchmarks/metra_repr_stats.py check both claims.
+
+The epoch is csf.py's (spec §1.1): evaluate every `eval_every` epochs (epoch 0 included), collect `num_envs`
+trajectories with one skill each, then, once `learning_starts` transitions are stored, take
+`grad_steps_per_epoch` gradient steps. Each gradient step, on its own minibatch (spec §1.5, §2.2):
+  1. φ step: maximize E[Δφᵀz] + λ E[min(1 - ‖Δφ‖², ε)], Δφ = φ(s') - φ(s), ε = 1e-3, λ = exp(log λ) detached
+     (paper Eq. 5 with METRA's slack ε). METRA-C (--repr-loss contrastive) maximizes instead CSF's contrastive
+     lower bound E[Δφᵀz] - ξ E[log Σ_j exp(Δφᵀz'_j)], ξ = 5, 256 fresh z'_j ~ Unif(S^{d-1}) (paper Eq. 8, 10).
+  2. λ step (dual descent, METRA only): minimize log λ · E[c], c = min(1 - ‖Δφ‖², ε) detached, so log λ falls
+     while the constraint holds (c > 0) and rises while it is violated; λ starts at 30, Adam lr 1e-4.
+  3. rewards r = Δφᵀz from the φ just updated, without gradient; one-hot skills use r = Δφᵀm with
+     m = (onehot(z) - 1/K)·K/(K-1): +1 at the skill's index, -1/(K-1) elsewhere.
+  4. Q step: Σ_i 0.5 E[(Q_i(s, a, z) - y)²], y = r + γ (min_i Q̄_i(s', a', z) - α log π(a'|s', z)), a' ~ π(·|s', z),
+     never terminal.
+  5. π step: minimize E[α log π(a|s, z) - min_i Q_i(s, a, z)], a ~ π(·|s, z) reparameterized.
+  6. α step: automatic entropy tuning towards -|A|/2, α starting at 0.01.
+  7. Polyak averaging of both target Qs, τ = 5e-3.
+
+Deliberate differences from the official code:
+  - the constraint's squared norm is summed over the d dimensions, as in the CSF repo's METRA behind the
+    paper's numbers; official METRA averages it over the dimensions (‖Δφ‖²/d): --constraint-norm mean
+    (spec §2.2, §5.6).
+  - time-limit steps are simply never terminal; the official code marks them done and then zeroes every done
+    with --turn_off_dones 1 (spec §1.3, §1.11).
+  - dropped because they never affect learning (spec §5.20, §7): the unused target φ, the std head of the
+    Gaussian φ module (φ is its mean head), and the stored rewards / next actions / returns.
+  - one-hot skills are drawn with torch's generator, not NumPy's global one (a different random stream only).
+  - METRA-C's negatives are fresh unit-sphere draws, as in CSF's scripts; METRA-C with one-hot skills is
+    refused (the paper ran it on Ant only, and unit-sphere negatives do not match a one-hot prior).
+"""
+
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Literal, Optional
+
+import gymnasium as gym
+import matplotlib
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+import envs
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+AGENT = "metra"
+SKILL_DIMS = {"Ant": 2, "HalfCheetah": 16, "Quadruped": 4, "Humanoid": 2, "Kitchen": 24, "Robobin": 9}  # paper Table 4
+DISCRETE_ENVS = ("HalfCheetah", "Kitchen")  # one-hot skills in the METRA scripts (spec §1.2)
+NUM_EVAL_SKILLS = 48  # deterministic evaluation rollouts per evaluation (spec §4.1)
+NUM_DPHI_SAMPLES = 10_000  # replay transitions behind the E‖Δφ‖² diagnostic and --save-repr-stats
+NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
+
+
+@dataclass
+class Args:
+    env_id: str = "Ant"
+    """the environment: Ant or HalfCheetah (the state-based ones; pixel envs are refused for now)"""
+    skill_dim: Optional[int] = None
+    """dimension d of z, or number K of one-hot skills (unset: the paper's, Ant 2, HalfCheetah K = 16)"""
+    discrete: Optional[bool] = None
+    """one-hot skills instead of the unit sphere (unset: one-hot on HalfCheetah and Kitchen, as in the paper)"""
+    seed: int = 1
+    """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
+    total_env_steps: Optional[int] = None
+    """training budget in environment steps, evaluation rollouts not counted (unset: 64M, spec §1.1)"""
+    num_envs: Optional[int] = None
+    """trajectories collected per epoch, one skill each, stepped together (unset: 8)"""
+    grad_steps_per_epoch: Optional[int] = None
+    """gradient steps after each collection round (unset: 50 on Ant and HalfCheetah)"""
+    learning_starts: int = 10_000
+    """transitions stored before the first gradient step"""
+    batch_size: int = 256
+    """transitions per minibatch, sampled uniformly with replacement"""
+    buffer_size: Optional[int] = None
+    """replay capacity in transitions, oldest overwritten first (unset: 1M on Ant and HalfCheetah)"""
+    hidden_dim: int = 1024
+    """width of the two hidden layers of φ, Q and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
+    eval_every: Optional[int] = None
+    """epochs between evaluations (unset: 500 on Ant, 1000 on HalfCheetah); the last epoch is always evaluated"""
+    checkpoint_every: Optional[int] = None
+    """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
+    resume: Optional[str] = None
+    """path of a checkpoint.pt to continue from; the run keeps its directory, seed and RNG streams"""
+    cuda: bool = True
+    """use the GPU when torch sees one"""
+    track: bool = False
+    """also log to Weights & Biases (WANDB_MODE=offline works)"""
+    wandb_project_name: str = "cleanmisl"
+    """W&B project, with --track"""
+    wandb_entity: Optional[str] = None
+    """W&B team, with --track"""
+    capture_video: bool = False
+    """at each evaluation, write an MP4 of the first few evaluation skills side by side"""
+    save_repr_stats: bool = False
+    """at each evaluation, save Δφ, Δφ - z and Δφ/‖Δφ‖ of 10k replay transitions to repr_stats_<env steps>.npz"""
+    repr_loss: Literal["dual", "contrastive"] = "dual"
+    """φ objective: METRA's dual-constrained one, or CSF's contrastive lower bound (METRA-C, no λ)"""
+    constraint_norm: Literal["sum", "mean"] = "sum"
+    """‖Δφ‖² in the constraint: summed over dimensions (CSF repo, the paper's numbers) or averaged (official METRA)"""
+    dual_lam: float = 30.0
+    """initial λ"""
+    dual_slack: float = 1e-3
+    """ε, the cap of the per-transition constraint term min(1 - ‖Δφ‖², ε)"""
+    dual_lr: float = 1e-4
+    """Adam learning rate of log λ"""
+    xi: float = 5.0
+    """ξ, the weight of the log-sum-exp term of the contrastive lower bound (--repr-loss contrastive)"""
+    num_negatives: int = 256
+    """fresh prior samples z' per gradient step in the log-sum-exp (--repr-loss contrastive)"""
+    gamma: float = 0.99
+    """discount of the SAC critic"""
+    tau: float = 0.005
+    """Polyak step of the target Q networks, after every gradient step"""
+    lr: float = 1e-4
+    """Adam learning rate of φ, Q, π and log α"""
+    alpha_init: float = 0.01
+    """initial entropy temperature α (tuned automatically towards entropy -|A|/2)"""
+
+
+def fill_env_defaults(args):
+    """Reject bad input with one line, and give every unset flag the paper's value for the env."""
+    if args.env_id not in envs.ENV_SPECS:
+        sys.exit(f"metra.py: error: unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
+    spec = envs.ENV_SPECS[args.env_id]
+    if getattr(spec, "pixels", False):
+        state_envs = ", ".join(k for k, v in envs.ENV_SPECS.items() if not getattr(v, "pixels", False))
+        sys.exit(f"metra.py: error: --env-id {args.env_id} has pixel observations, which metra.py does not handle "
+                 f"yet; choose one of {state_envs}")
+    paper_discrete = args.env_id in DISCRETE_ENVS
+    if args.discrete is not None and args.discrete != paper_discrete and args.skill_dim is None:
+        sys.exit(f"metra.py: error: the paper has no {'one-hot' if args.discrete else 'unit-sphere'} METRA skills on "
+                 f"{args.env_id}; give --skill-dim too")
+    args.discrete = args.discrete if args.discrete is not None else paper_discrete
+    for flag, paper_value in (("skill_dim", SKILL_DIMS[args.env_id]), ("total_env_steps", spec.total_env_steps),
+                              ("num_envs", spec.num_envs), ("grad_steps_per_epoch", spec.grad_steps_per_epoch),
+                              ("buffer_size", spec.buffer_size), ("eval_every", spec.eval_every)):
+        if getattr(args, flag) is None:
+            setattr(args, flag, paper_value)
+    if args.checkpoint_every is None:
+        args.checkpoint_every = args.eval_every
+    for flag in ("skill_dim", "total_env_steps", "num_envs", "batch_size", "buffer_size", "hidden_dim",
+                 "eval_every", "checkpoint_every", "num_negatives", "dual_lam"):
+        if getattr(args, flag) <= 0:
+            sys.exit(f"metra.py: error: --{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    if args.discrete and args.skill_dim < 2:
+        sys.exit(f"metra.py: error: one-hot skills need --skill-dim K >= 2, got {args.skill_dim}")
+    if args.discrete and args.repr_loss == "contrastive":
+        sys.exit("metra.py: error: --repr-loss contrastive needs unit-sphere skills; add --discrete False --skill-dim D")
+    if args.buffer_size < args.num_envs * spec.horizon:
+        sys.exit(f"metra.py: error: --buffer-size must hold one epoch ({args.num_envs * spec.horizon} transitions)")
+    return args
+
+
+def sample_skills(n, skill_dim, discrete=False, generator=None):
+    """z ~ Unif(S^{d-1}): a standard normal draw scaled to unit length; or a one-hot vector, index ~ Unif{0..K-1}."""
+    if discrete:
+        return F.one_hot(torch.randint(skill_dim, (n,), generator=generator), skill_dim).float()
+    z = torch.randn(n, skill_dim, generator=generator)
+    return z / z.norm(dim=-1, keepdim=True)
+
+
+def eval_skills(skill_dim, discrete, generator):
+    """The 48 evaluation skills: fresh prior draws, or the K one-hots split evenly (48 // K each, the remainder
+    to the lowest indices, spec §4.1)."""
+    if discrete:
+        return F.one_hot((torch.arange(NUM_EVAL_SKILLS) % skill_dim).sort().values, skill_dim).float()
+    return sample_skills(NUM_EVAL_SKILLS, skill_dim, generator=generator)
+
+
+# ---------------------------------------------------------------- losses (spec §1.7, §2.2)
+def skill_weights(skill, discrete):
+    """The vector w with r = Δφᵀw: z itself, or for a one-hot z, m = (onehot - 1/K)·K/(K-1) (+1 / -1/(K-1))."""
+    if not discrete:
+        return skill
+    k = skill.shape[-1]
+    return (skill - 1 / k) * k / (k - 1)
+
+
+def intrinsic_reward(dphi, weights):
+    """r = (φ(s') - φ(s))ᵀw per sample (paper Eq. 6)."""
+    return (dphi * weights).sum(-1)
+
+
+def constraint(dphi, eps, norm="sum"):
+    """c = min(1 - ‖Δφ‖², ε) per sample; ‖Δφ‖² summed over dimensions, or averaged with norm="mean"."""
+    sq = dphi.pow(2).sum(-1) if norm == "sum" else dphi.pow(2).mean(-1)
+    return torch.clamp(1 - sq, max=eps)
+
+
+def metra_phi_loss(dphi, weights, log_lam, eps, norm="sum"):
+    """L(φ) = -E[Δφᵀw + λ min(1 - ‖Δφ‖², ε)], λ = exp(log λ) detached   (paper Eq. 5, spec §2.2)
+
+    Returns the loss and the per-sample constraint terms c, which the λ step uses (detached there).
+    """
+    c = constraint(dphi, eps, norm)
+    return -(intrinsic_reward(dphi, weights) + log_lam.exp().detach() * c).mean(), c
+
+
+def dual_loss(log_lam, c):
+    """L(λ) = log λ · E[c], c detached: descent lowers λ while c > 0 (constraint slack), raises it while c < 0."""
+    return log_lam * c.detach().mean()
+
+
+def contrastive_phi_loss(dphi, skill, negatives, xi):
+    """L(φ) = -E[(φ(s') - φ(s))ᵀz] + ξ E[log Σ_j exp((φ(s') - φ(s))ᵀz'_j)]   (paper Eq. 8 with ξ, CSF's φ loss)
+
+    dphi: (B, d) = φ(s') - φ(s); skill: (B, d) the positives; negatives: (M, d) prior samples shared by the batch.
+    A plain log-sum-exp (no 1/M, no temperature), the positive not among the negatives. Returns the loss
+    and the batch mean of the log-sum-exp term.
+    """
+    positive = (dphi * skill).sum(-1)
+    logsumexp = torch.logsumexp(dphi @ negatives.T, dim=-1)
+    return -(positive - xi * logsumexp).mean(), logsumexp.mean()
+
+
+def critic_target(reward, next_q1, next_q2, next_log_prob, alpha, gamma):
+    """y = r + γ (min_i Q̄_i(s', a', z) - α log π(a'|s', z)), never terminal (spec §1.7)."""
+    return reward + gamma * (torch.min(next_q1, next_q2) - alpha * next_log_prob)
+
+
+def critic_loss(q1, q2, target):
+    """Σ_i 0.5 E[(Q_i - y)²]: the twin Qs, one optimizer (spec §1.5, §1.7)."""
+    return 0.5 * F.mse_loss(q1, target) + 0.5 * F.mse_loss(q2, target)
+
+
+def actor_loss(log_prob, q1, q2, alpha):
+    """L(π) = E[α log π(a|s, z) - min_i Q_i(s, a, z)], a ~ π(·|s, z)."""
+    return (alpha * log_prob - torch.min(q1, q2)).mean()
+
+
+def temperature_loss(log_alpha, log_prob, target_entropy):
+    """L(α) = -E[log α (log π(a|s, z) + H̄)]: α grows while the entropy -log π is below H̄ = -|A|/2 (spec §1.7)."""
+    return -(log_alpha * (log_prob + target_entropy)).mean()
+
+
+def repr_stats(dphi, weights):
+    """The samples behind the paper's Figure 2: Δφ, the skill vector w, Δφ - w and Δφ/‖Δφ‖, as NumPy arrays."""
+    dphi, weights = dphi.detach().cpu().double(), weights.detach().cpu().double()
+    norm = dphi.norm(dim=-1, keepdim=True)
+    return {"dphi": dphi.numpy(), "z": weights.numpy(), "dphi_minus_z": (dphi - weights).numpy(),
+            "dphi_unit": (dphi / norm.clamp_min(1e-12)).numpy(), "dphi_sq": norm.squeeze(-1).pow(2).numpy()}
+
+
+# ---------------------------------------------------------------- networks (spec §1.8)
+def mlp(in_dim, hidden_dim, out_dim, activation, init):
+    """Linear → act → Linear → act → Linear, zero biases."""
+    net = nn.Sequential(nn.Linear(in_dim, hidden_dim), activation(), nn.Linear(hidden_dim, hidden_dim),
+                        activation(), nn.Linear(hidden_dim, out_dim))
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            init(layer.weight)
+            nn.init.zeros_(layer.bias)
+    return net
+
+
+class QNetwork(nn.Module):
+    """Q(s, a, z) ∈ R: ReLU MLP on obs ⊕ z ⊕ a, Xavier-normal weights."""
+
+    def __init__(self, obs_dim, action_dim, skill_dim, hidden_dim):
+        super().__init__()
+        self.net = mlp(obs_dim + skill_dim + action_dim, hidden_dim, 1, nn.ReLU, nn.init.xavier_normal_)
+
+    def forward(self, obs, skill, action):
+        return self.net(torch.cat([obs, skill, action], -1)).squeeze(-1)
+
+
+class Actor(nn.Module):
+    """π(a | s, z): tanh-squashed Gaussian on a tanh trunk, output layers initialised 10x smaller."""
+
+    LOG_STD_MIN, LOG_STD_MAX = math.log(1e-6), 2.0
+
+    def __init__(self, obs_dim, action_dim, skill_dim, hidden_dim):
+        super().__init__()
+        self.trunk = mlp(obs_dim + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
+        self.mean = nn.Linear(hidden_dim, action_dim)
+        self.log_std = nn.Linear(hidden_dim, action_dim)
+        for head in (self.mean, self.log_std):
+            nn.init.xavier_normal_(head.weight)
+            head.weight.data.mul_(0.1)
+            nn.init.zeros_(head.bias)
+
+    def forward(self, obs, skill):
+        h = self.trunk(torch.cat([obs, skill], -1))
+        return self.mean(h), self.log_std(h).clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
+
+    def sample(self, obs, skill):
+        """A reparameterized action and its log-probability, with the tanh correction."""
+        mean, log_std = self(obs, skill)
+        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaNs are caught per epoch
+        u = normal.rsample()
+        action = torch.tanh(u)
+        log_prob = normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
+        return action, log_prob
+
+    def mode(self, obs, skill):
+        return torch.tanh(self(obs, skill)[0])
+
+
+# ---------------------------------------------------------------- replay buffer (spec §1.4)
+class ReplayBuffer:
+    """A ring of transitions (s, a, s', z); whole epochs are appended, the oldest overwritten first."""
+
+    FIELDS = ("obs", "action", "next_obs", "skill")
+
+    def __init__(self, capacity, obs_dim, action_dim, skill_dim, rng):
+        dims = {"obs": obs_dim, "action": action_dim, "next_obs": obs_dim, "skill": skill_dim}
+        self.data = {k: np.zeros((capacity, dims[k]), dtype=np.float32) for k in self.FIELDS}
+        self.capacity, self.pos, self.size, self.rng = capacity, 0, 0, rng
+
+    def add(self, **batch):
+        n = len(batch["obs"])
+        idx = (self.pos + np.arange(n)) % self.capacity
+        for k in self.FIELDS:
+            self.data[k][idx] = batch[k]
+        self.pos, self.size = (self.pos + n) % self.capacity, min(self.size + n, self.capacity)
+
+    def sample(self, batch_size, device, rng=None):
+        idx = (rng or self.rng).integers(0, self.size, batch_size)
+        return {k: torch.as_tensor(v[idx], device=device) for k, v in self.data.items()}
+
+    def state_dict(self):
+        return {"pos": self.pos, "size": self.size, **{k: v[: self.size].copy() for k, v in self.data.items()}}
+
+    def load_state_dict(self, state):
+        self.pos, self.size = state["pos"], state["size"]
+        for k in self.FIELDS:
+            self.data[k][: self.size] = state[k]
+
+
+# ---------------------------------------------------------------- evaluation (spec §4.1-4.2)
+def skill_colors(skills, discrete):
+    """One colour per skill: by index for one-hot skills, by the angle of (z_0, z_1) otherwise."""
+    if discrete:
+        return plt.cm.hsv(skills.argmax(-1) / skills.shape[-1])
+    angle = np.arctan2(skills[:, 1], skills[:, 0]) if skills.shape[-1] > 1 else np.pi * (skills[:, 0] > 0)
+    return plt.cm.hsv((angle + np.pi) / (2 * np.pi))
+
+
+def plot_skills(coordinates, colors, path, title):
+    """The 48 evaluation trajectories, one colour per skill."""
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for xy, color in zip(coordinates, colors):
+        if xy.shape[-1] == 2:
+            ax.plot(xy[:, 0], xy[:, 1], color=color, lw=1)
+        else:  # x only: position against time
+            ax.plot(xy[:, 0], np.arange(len(xy)), color=color, lw=1)
+    ax.set_xlabel("x")
+    ax.set_ylabel("y" if coordinates.shape[-1] == 2 else "env step")
+    ax.set_title(title)
+    ax.set_aspect("equal" if coordinates.shape[-1] == 2 else "auto")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(args):
+    spec = envs.ENV_SPECS[args.env_id]
+    ckpt = load_checkpoint(args) if args.resume else None
+    run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    steps_per_epoch = args.num_envs * spec.horizon
+    num_epochs = args.total_env_steps // steps_per_epoch
+    contrastive = args.repr_loss == "contrastive"
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+
+    # ------------------------------------------------------------ seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)  # replay sampling
+    eval_rng = np.random.default_rng(args.seed + 1)  # evaluation has its own streams, so it never changes training
+    eval_generator = torch.Generator().manual_seed(args.seed + 1)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    # ------------------------------------------------------------ envs
+    train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)])
+    eval_envs = gym.vector.SyncVectorEnv([
+        lambda i=i: envs.make_env(args.env_id, "rgb_array" if args.capture_video and i < NUM_VIDEO_SKILLS else None)
+        for i in range(NUM_EVAL_SKILLS)])
+    train_envs.reset(seed=args.seed)
+    eval_envs.reset(seed=args.seed + 10_000)
+    obs_dim = train_envs.single_observation_space.shape[0]
+    action_dim = train_envs.single_action_space.shape[0]
+    d = args.skill_dim
+
+    # ------------------------------------------------------------ networks and optimizers
+    phi = mlp(obs_dim, args.hidden_dim, d, nn.ReLU, nn.init.xavier_uniform_).to(device)
+    qf1, qf2 = (QNetwork(obs_dim, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
+    qf1_target, qf2_target = (QNetwork(obs_dim, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
+    qf1_target.load_state_dict(qf1.state_dict())
+    qf2_target.load_state_dict(qf2.state_dict())
+    actor = Actor(obs_dim, action_dim, d, args.hidden_dim).to(device)
+    log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
+    log_lam = torch.tensor(math.log(args.dual_lam), device=device, requires_grad=True)  # never stepped in METRA-C
+    target_entropy = -action_dim / 2  # the official code halves the usual -|A| (spec §1.7)
+    phi_optimizer = torch.optim.Adam(phi.parameters(), lr=args.lr)
+    qf_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.lr)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.lr)
+    alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.lr)
+    lam_optimizer = torch.optim.Adam([log_lam], lr=args.dual_lr)
+    rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, d, rng)
+    modules = {"phi": phi, "qf1": qf1, "qf2": qf2, "qf1_target": qf1_target, "qf2_target": qf2_target,
+               "actor": actor, "phi_optimizer": phi_optimizer, "qf_optimizer": qf_optimizer,
+               "actor_optimizer": actor_optimizer, "alpha_optimizer": alpha_optimizer, "lam_optimizer": lam_optimizer}
+
+    start_epoch, grad_steps, wall_time = 0, 0, 0.0
+    if ckpt:
+        for name, module in modules.items():
+            module.load_state_dict(ckpt[name])
+        with torch.no_grad():
+            log_alpha.copy_(ckpt["log_alpha"])
+            log_lam.copy_(ckpt["log_lam"])
+        rb.load_state_dict(ckpt["buffer"])
+        start_epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
+        torch.set_rng_state(ckpt["torch_rng"])
+        eval_generator.set_state(ckpt["eval_torch_rng"])
+        rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
+        for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
+            env.unwrapped.np_random.bit_generator.state = state
+        print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
+
+    def save_checkpoint(epoch):
+        state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
+                 "wall_time": wall_time + time.time() - segment_start, "log_alpha": log_alpha.detach().cpu(),
+                 "log_lam": log_lam.detach().cpu(),
+                 "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(), "numpy_rng": rng.bit_generator.state,
+                 "eval_numpy_rng": eval_rng.bit_generator.state, "eval_torch_rng": eval_generator.get_state(),
+                 "env_rngs": [e.unwrapped.np_random.bit_generator.state for e in train_envs.envs + eval_envs.envs],
+                 **{name: module.state_dict() for name, module in modules.items()}}
+        path = os.path.join(run_dir, "checkpoint.pt")
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+
+    @torch.no_grad()
+    def evaluate(epoch, epoch_stats):
+        """48 deterministic rollouts → coverage, skill plot, E‖Δφ‖², constraint, λ, one line of eval.jsonl."""
+        skills = eval_skills(d, args.discrete, eval_generator)
+        obs, info = eval_envs.reset()
+        coordinates, frames = [info["coordinates"]], []
+        for _ in range(spec.horizon):
+            if args.capture_video:
+                frames.append(np.concatenate([eval_envs.envs[i].render() for i in range(NUM_VIDEO_SKILLS)], 1))
+            action = actor.mode(torch.as_tensor(obs, device=device), skills.to(device))
+            obs, _, _, _, info = eval_envs.step(action.cpu().numpy())
+            coordinates.append(info["coordinates"])
+        coordinates = np.stack(coordinates, 1)  # (48, horizon + 1, coord_dim): positions before each step + the last
+        env_steps = epoch * steps_per_epoch
+        result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
+                  "wall_time": round(wall_time + time.time() - segment_start, 2), "coverage": envs.coverage(coordinates)}
+        if rb.size > 0:  # E‖φ(s') - φ(s)‖² and the mean constraint term over replay transitions
+            batch = rb.sample(min(NUM_DPHI_SAMPLES, rb.size), device, rng=eval_rng)
+            dphi = phi(batch["next_obs"]) - phi(batch["obs"])
+            result["dphi_sq"] = dphi.pow(2).sum(-1).mean().item()
+            result["constraint"] = constraint(dphi, args.dual_slack, args.constraint_norm).mean().item()
+            if args.save_repr_stats:
+                np.savez_compressed(os.path.join(run_dir, f"repr_stats_{env_steps:010d}.npz"),
+                                    **repr_stats(dphi, skill_weights(batch["skill"], args.discrete)),
+                                    skill=batch["skill"].cpu().numpy(), discrete=args.discrete, env_id=args.env_id,
+                                    env_steps=env_steps, repr_loss=args.repr_loss, constraint_norm=args.constraint_norm)
+        result.update(epoch_stats)  # training means since the last evaluation
+        if not contrastive:
+            result["lambda"] = log_lam.exp().item()  # the current λ, not its mean since the last evaluation
+        result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        plot_skills(coordinates, skill_colors(skills.numpy(), args.discrete),
+                    os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
+                    f"{'METRA-C' if contrastive else 'METRA'} {args.env_id}, {env_steps:,} env steps, "
+                    f"coverage {result['coverage']}")
+        if frames:
+            import imageio
+
+            os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
+            imageio.mimsave(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"), frames, fps=20)
+        for key in ("coverage", "dphi_sq", "constraint", "lambda"):
+            if key in result:
+                writer.add_scalar(f"eval/{key}", result[key], env_steps)
+        with open(os.path.join(run_dir, "eval.jsonl"), "a") as f:
+            f.write(json.dumps(result) + "\n")
+        shown = ("dphi_sq", "constraint", "lambda", *(k for k in epoch_stats if k != "lambda"))
+        print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | "
+              + " | ".join(f"{k} {result[k]:.4g}" for k in shown if k in result))
+
+    # ------------------------------------------------------------ one gradient step (spec §1.5, §2.2)
+    def update(batch):
+        obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
+        weights = skill_weights(skill, args.discrete)  # z, or m for one-hot skills
+        alpha = log_alpha.exp().detach()
+
+        # φ step, then (METRA) the dual step on log λ
+        dphi = phi(next_obs) - phi(obs)
+        if contrastive:
+            negatives = sample_skills(args.num_negatives, d).to(device)  # z'_j ~ p(z), fresh each step
+            phi_loss, logsumexp = contrastive_phi_loss(dphi, weights, negatives, args.xi)
+            c = constraint(dphi.detach(), args.dual_slack, args.constraint_norm)  # logged only
+        else:
+            phi_loss, c = metra_phi_loss(dphi, weights, log_lam, args.dual_slack, args.constraint_norm)
+        phi_optimizer.zero_grad()
+        phi_loss.backward()
+        phi_optimizer.step()
+        if not contrastive:
+            lam_loss = dual_loss(log_lam, c)
+            lam_optimizer.zero_grad()
+            lam_loss.backward()
+            lam_optimizer.step()
+
+        # Q step on r = Δφᵀz from the φ just updated
+        with torch.no_grad():
+            reward = intrinsic_reward(phi(next_obs) - phi(obs), weights)
+            next_action, next_log_prob = actor.sample(next_obs, skill)
+            target = critic_target(reward, qf1_target(next_obs, skill, next_action),
+                                   qf2_target(next_obs, skill, next_action), next_log_prob, alpha, args.gamma)
+        qf_loss = critic_loss(qf1(obs, skill, action), qf2(obs, skill, action), target)
+        qf_optimizer.zero_grad()
+        qf_loss.backward()
+        qf_optimizer.step()
+
+        # π step, α step
+        new_action, log_prob = actor.sample(obs, skill)
+        pi_loss = actor_loss(log_prob, qf1(obs, skill, new_action), qf2(obs, skill, new_action), alpha)
+        actor_optimizer.zero_grad()
+        pi_loss.backward()
+        actor_optimizer.step()
+        alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
+        alpha_optimizer.zero_grad()
+        alpha_loss.backward()
+        alpha_optimizer.step()
+
+        # Polyak averaging of the target Qs: Q̄ ← (1 - τ) Q̄ + τ Q
+        with torch.no_grad():
+            for net, target_net in ((qf1, qf1_target), (qf2, qf2_target)):
+                for p, p_target in zip(net.parameters(), target_net.parameters()):
+                    p_target.lerp_(p, args.tau)
+        extra = [logsumexp] if contrastive else [lam_loss, log_lam.exp()]
+        return torch.stack([phi_loss, qf_loss, pi_loss, alpha_loss, reward.mean(), c.mean(), alpha, *extra]).detach()
+
+    stat_names = ("phi_loss", "qf_loss", "actor_loss", "alpha_loss", "reward", "batch_constraint", "alpha") + (
+        ("logsumexp",) if contrastive else ("lambda_loss", "lambda"))
+    loss_columns = [i for i, name in enumerate(stat_names) if name.endswith("loss")]
+
+    # ------------------------------------------------------------ main loop
+    def new_window():  # what happened since the last evaluation
+        return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
+
+    segment_start = time.time()
+    since_eval = new_window()
+    for epoch in range(start_epoch, num_epochs + 1):
+        # evaluate and checkpoint at the start of the epoch: what the previous `epoch` epochs produced
+        if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
+            stats = dict(zip(stat_names, torch.stack(since_eval["stats"]).mean(0).tolist())) if since_eval["stats"] else {}
+            elapsed = time.time() - since_eval["start"]
+            if since_eval["env_steps"]:
+                stats["sps"] = since_eval["env_steps"] / elapsed
+            if since_eval["grad_steps"]:
+                stats["ms_per_grad_step"] = 1000 * since_eval["train_time"] / since_eval["grad_steps"]
+            evaluate(epoch, stats)
+            since_eval = new_window()
+        if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
+            save_checkpoint(epoch)
+        if epoch == num_epochs:
+            break
+
+        # collect one trajectory per env, one skill each, with the stochastic policy
+        skills = sample_skills(args.num_envs, d, args.discrete).to(device)
+        obs, _ = train_envs.reset()
+        traj = {k: [] for k in ReplayBuffer.FIELDS}
+        with torch.no_grad():
+            for _ in range(spec.horizon):
+                action, _ = actor.sample(torch.as_tensor(obs, device=device), skills)
+                next_obs, _, terminated, _, _ = train_envs.step(action.cpu().numpy())
+                assert not terminated.any(), "pretraining envs never terminate"
+                for k, v in (("obs", obs), ("action", action.cpu().numpy()), ("next_obs", next_obs), ("skill", skills.cpu().numpy())):
+                    traj[k].append(v)
+                obs = next_obs  # after the last step this is the final observation; reset() starts the next epoch
+        rb.add(**{k: np.stack(v, 1).reshape(-1, v[0].shape[-1]) for k, v in traj.items()})  # trajectory-major
+        since_eval["env_steps"] += steps_per_epoch
+        env_steps = (epoch + 1) * steps_per_epoch
+
+        # train
+        if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
+            train_start = time.time()
+            losses = torch.stack([update(rb.sample(args.batch_size, device)) for _ in range(args.grad_steps_per_epoch)])
+            bad = ~torch.isfinite(losses[:, loss_columns])
+            if bad.any():
+                step, which = bad.nonzero()[0].tolist()
+                name = stat_names[loss_columns[which]]
+                sys.exit(f"metra.py: error: {name} is {losses[step, loss_columns[which]].item()} at gradient step "
+                         f"{grad_steps + step + 1} (epoch {epoch}); the last good checkpoint is in {run_dir}")
+            grad_steps += args.grad_steps_per_epoch
+            since_eval["train_time"] += time.time() - train_start
+            since_eval["grad_steps"] += args.grad_steps_per_epoch
+            since_eval["stats"].append(losses.mean(0))
+            for name, value in zip(stat_names, losses.mean(0).tolist()):
+                writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
+        sps = int((epoch + 1 - start_epoch) * steps_per_epoch / (time.time() - segment_start))
+        writer.add_scalar("charts/SPS", sps, env_steps)
+        writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
+        if (epoch + 1) % 10 == 0:
+            last = dict(zip(stat_names, since_eval["stats"][-1].tolist())) if since_eval["stats"] else {}
+            print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | "
+                  + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
+
+    train_envs.close()
+    eval_envs.close()
+    writer.close()
+    print(f"done: {run_dir}")
+
+
+def load_checkpoint(args):
+    """The checkpoint named by --resume, checked against this agent and the command line; one line on failure."""
+    if not os.path.isfile(args.resume):
+        sys.exit(f"metra.py: error: no checkpoint file at {args.resume}")
+    try:
+        ckpt = torch.load(args.resume, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        sys.exit(f"metra.py: error: {args.resume} is not a readable checkpoint ({type(e).__name__})")
+    if not isinstance(ckpt, dict) or "agent" not in ckpt:
+        sys.exit(f"metra.py: error: {args.resume} is not a cleanmisl checkpoint")
+    if ckpt["agent"] != AGENT:
+        sys.exit(f"metra.py: error: {args.resume} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
+    for flag in ("env_id", "skill_dim", "discrete", "hidden_dim", "repr_loss", "constraint_norm"):
+        if ckpt["args"][flag] != getattr(args, flag):
+            sys.exit(f"metra.py: error: {args.resume} was trained with --{flag.replace('_', '-')} "
+                     f"{ckpt['args'][flag]}, not {getattr(args, flag)}")
+    return ckpt
+
+
+if __name__ == "__main__":
+    main(fill_env_defaults(tyro.cli(Args)))

@@ -1,0 +1,120 @@
+"""CSF's losses and networks on small batches whose answers are computed by hand."""
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import csf
+
+
+def test_phi_loss_matches_hand_computation():
+    dphi = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    skill = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    negatives = torch.tensor([[1.0, 0.0], [-1.0, 0.0]])
+    xi = 5.0
+    # sample 1: positive 1, logsumexp log(e^1 + e^-1); sample 2: positive 2, logsumexp log(e^0 + e^0)
+    lse1, lse2 = math.log(math.e + 1 / math.e), math.log(2.0)
+    expected = -((1 - xi * lse1) + (2 - xi * lse2)) / 2
+    loss, logsumexp = csf.contrastive_phi_loss(dphi, skill, negatives, xi)
+    assert math.isclose(loss.item(), expected, rel_tol=1e-6)
+    assert math.isclose(logsumexp.item(), (lse1 + lse2) / 2, rel_tol=1e-6)
+
+
+def test_phi_loss_at_zero_dphi_is_xi_log_m_and_pushes_towards_the_skill():
+    negatives = csf.sample_skills(256, 2)
+    dphi = torch.zeros(4, 2, requires_grad=True)
+    skill = csf.sample_skills(4, 2)
+    loss, logsumexp = csf.contrastive_phi_loss(dphi, skill, negatives, 5.0)
+    assert math.isclose(logsumexp.item(), math.log(256), rel_tol=1e-6)  # the collapse signature: log M
+    assert math.isclose(loss.item(), 5.0 * math.log(256), rel_tol=1e-6)
+    loss.backward()
+    # descent direction -grad has a positive component along z (the positive term pulls Δφ towards z)
+    assert ((-dphi.grad * skill).sum(-1) > 0).all()
+
+
+def test_successor_feature_target_takes_the_whole_vector_of_the_argmin_net():
+    skill = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    next_psi1 = torch.tensor([[1.0, 0.0], [0.0, 0.0]])  # values ψ̄ᵀz: 1.0 and 0.0
+    next_psi2 = torch.tensor([[0.5, 5.0], [2.0, 2.0]])  # values ψ̄ᵀz: 0.5 and 2.0
+    dphi = torch.tensor([[0.1, 0.2], [0.3, 0.4]])
+    target = csf.successor_feature_target(dphi, next_psi1, next_psi2, skill, gamma=0.5)
+    # sample 1 picks ψ̄2's whole vector (0.5, 5.0) — an elementwise min would give (0.5, 0.0); sample 2 picks ψ̄1
+    expected = torch.tensor([[0.1 + 0.25, 0.2 + 2.5], [0.3, 0.4]])
+    assert torch.allclose(target, expected)
+
+
+def test_temperature_loss_sign():
+    """α rises when the policy's entropy is below the target, falls when above."""
+    # log π = 6: entropy ≈ -6 < H̄ = -4, so α must rise; log π = -10: entropy ≈ 10 > -4, so α must fall
+    for log_prob, direction in ((torch.full((8,), 6.0), +1), (torch.full((8,), -10.0), -1)):
+        log_alpha = torch.tensor(math.log(0.01), requires_grad=True)
+        loss = csf.temperature_loss(log_alpha, log_prob, target_entropy=-4.0)
+        assert math.isclose(loss.item(), -math.log(0.01) * (log_prob[0].item() - 4.0), rel_tol=1e-6)
+        loss.backward()
+        torch.optim.SGD([log_alpha], lr=0.1).step()
+        assert (log_alpha.item() - math.log(0.01)) * direction > 0
+
+
+def test_skills_lie_on_the_unit_sphere():
+    z = csf.sample_skills(1000, 8)
+    assert torch.allclose(z.norm(dim=-1), torch.ones(1000))
+    assert z.mean(0).abs().max() < 0.1  # uniform on the sphere: no preferred direction
+
+
+def test_actor_log_prob_is_the_tanh_gaussian_density():
+    torch.manual_seed(0)
+    space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    actor = csf.Actor(space, action_dim=1, skill_dim=2, hidden_dim=16)
+    obs, skill = torch.randn(5, 3), csf.sample_skills(5, 2)
+    action, log_prob = actor.sample(obs, skill)
+    mean, log_std = actor(obs, skill)
+    u = torch.atanh(action.clamp(-1 + 1e-6, 1 - 1e-6))
+    gauss = -0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    expected = (gauss - torch.log(1 - action**2 + 1e-6)).sum(-1)
+    assert torch.allclose(log_prob, expected, atol=1e-3)
+    assert (action.abs() < 1).all()
+    assert torch.allclose(actor.mode(obs, skill), torch.tanh(mean))
+
+
+def test_replay_buffer_wraps_around_and_round_trips():
+
+    space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    rb = csf.ReplayBuffer(6, horizon=2, observation_space=space, frame_stack=1, action_dim=1, skill_dim=1,
+                          rng=np.random.default_rng(0))
+    for first in (0, 10, 20, 30):  # 4 trajectories into room for 3: the oldest one is overwritten
+        obs = np.arange(first, first + 3, dtype=np.float32).reshape(1, 3, 1)  # s_0, s_1, s_2 of one trajectory
+        rb.add(obs, obs[:, :2] * 100, np.array([[first]], np.float32))
+    assert rb.size == 6 and rb.pos == 1
+    assert sorted(rb.skills[:, 0].tolist()) == [10, 20, 30]
+    clone = csf.ReplayBuffer(6, 2, space, 1, 1, 1, rng=np.random.default_rng(0))
+    clone.load_state_dict(rb.state_dict())
+    assert (clone.pos, clone.size) == (rb.pos, rb.size)
+    batch = clone.sample(64, "cpu")
+    assert torch.equal(batch["next_obs"], batch["obs"] + 1)  # s' is the next step of the same trajectory
+    assert torch.equal(batch["action"], batch["obs"] * 100)
+    assert torch.equal(batch["skill"], torch.floor(batch["obs"] / 10) * 10)  # the trajectory's own skill
+
+
+def test_pixel_buffer_rebuilds_the_env_stacks_across_trajectory_boundaries():
+
+    import envs
+
+    env = envs.make_env("Quadruped")
+    horizon, rng = 4, np.random.default_rng(0)
+    rb = csf.ReplayBuffer(2 * horizon, horizon, env.observation_space, 3, 12, 4, rng)
+    trajectories = []
+    for seed in range(3):  # three trajectories into room for two: the newest two remain, slots wrapped
+        obs, _ = env.reset(seed=seed)
+        observations = [obs]
+        for _ in range(horizon):
+            observations.append(env.step(rng.uniform(-1, 1, 12))[0])
+        trajectories.append(np.stack(observations))
+        rb.add(trajectories[-1][None], np.zeros((1, horizon, 12)), np.zeros((1, 4)))
+    assert rb.frames.dtype == np.uint8 and rb.frames.shape == (2, horizon + 1, 64, 64, 3)  # one frame per step
+    for slot, trajectory in ((1, trajectories[1]), (0, trajectories[2])):
+        for t in range(horizon + 1):
+            rebuilt = rb.observation(np.array([slot]), np.array([t]))[0]
+            assert np.array_equal(rebuilt, trajectory[t]), (slot, t)
+    assert not np.array_equal(trajectories[1][0], trajectories[2][0])  # different starts, so the check is not vacuous

@@ -1,0 +1,79 @@
+"""The state-based worlds (spec §3.1-3.2, §1.10) and the coverage metric (spec §4.2)."""
+
+import mujoco
+import numpy as np
+import pytest
+
+import envs
+
+
+@pytest.mark.parametrize("env_id, obs_dim, action_dim, coord_dim", [("Ant", 29, 8, 2), ("HalfCheetah", 18, 6, 1)])
+def test_observation_is_normalized_qpos_qvel_with_global_position(env_id, obs_dim, action_dim, coord_dim):
+    env = envs.make_env(env_id)
+    obs, info = env.reset(seed=0)
+    assert obs.shape == (obs_dim,) and obs.dtype == np.float32
+    assert env.action_space.shape == (action_dim,)
+    assert np.all(env.action_space.low == -1) and np.all(env.action_space.high == 1)
+    for _ in range(30):
+        obs, _, _, _, info = env.step(env.action_space.sample())
+    raw = env.unwrapped
+    mujoco.mj_kinematics(raw.model, raw.data)  # body positions of the current qpos (mj_step leaves them one step behind)
+    torso = raw.data.body("torso").xpos
+    # x (and y) of the torso, before normalization, both in the observation and in the coverage coordinates
+    unnormalized = obs[:coord_dim] * (raw.obs_std[:coord_dim] + 1e-8) + raw.obs_mean[:coord_dim]
+    assert np.allclose(unnormalized, torso[:coord_dim], atol=1e-5)
+    assert np.allclose(info["coordinates"], torso[:coord_dim])
+    expected = (np.concatenate([raw.data.qpos, raw.data.qvel]) - raw.obs_mean) / (raw.obs_std + 1e-8)
+    assert np.allclose(obs, expected, atol=1e-5)
+
+
+def test_preset_normalization_values():
+    ant = envs.make_env("Ant").unwrapped
+    assert ant.obs_mean[2] == pytest.approx(0.7022248) and ant.obs_std[21] == pytest.approx(4.502961)
+    cheetah = envs.make_env("HalfCheetah").unwrapped
+    assert cheetah.obs_mean[0] == pytest.approx(-0.07861924) and cheetah.obs_std[17] == pytest.approx(5.9759197)
+    # the mean state maps to the zero observation
+    ant.reset(seed=0)
+    ant.data.qpos[:], ant.data.qvel[:] = ant.obs_mean[:15], ant.obs_mean[15:]
+    assert np.allclose(ant._obs(), 0, atol=1e-6)
+
+
+@pytest.mark.parametrize("env_id", ["Ant", "HalfCheetah"])
+def test_never_terminates_and_truncates_at_the_horizon(env_id):
+    inner = envs.make_env(env_id).unwrapped
+    inner.reset(seed=1)
+    rng = np.random.default_rng(0)
+    for _ in range(1000):  # violent random actions: Ant flips over, and still nothing ends
+        _, _, terminated, truncated, _ = inner.step(rng.uniform(-1, 1, inner.action_space.shape))
+        assert not terminated and not truncated
+    env = envs.make_env(env_id)
+    env.reset(seed=1)
+    ends = [env.step(env.action_space.sample())[3] for _ in range(envs.ENV_SPECS[env_id].horizon)]
+    assert not any(ends[:-1]) and ends[-1]
+
+
+def test_reset_noise_and_seeding():
+    env = envs.make_env("Ant").unwrapped
+    env.reset(seed=3)
+    qpos, qvel = env.data.qpos.copy(), env.data.qvel.copy()
+    assert np.all(np.abs(qpos - env.model.qpos0) <= 0.1) and np.abs(qvel).max() < 1.0
+    env.reset(seed=3)
+    assert np.array_equal(env.data.qpos, qpos)  # same seed, same start
+    env.reset()
+    assert not np.array_equal(env.data.qpos, qpos)
+
+
+def test_coverage_counts_distinct_unit_cells():
+    xy = np.array([[0.5, 0.5], [0.9, 0.1], [1.5, 0.5], [1.7, 0.2], [-0.1, 0.3], [-0.1, -0.3]])
+    assert envs.coverage(xy) == 4  # cells (0,0), (1,0), (-1,0), (-1,-1)
+    trajectories = np.stack([xy, xy + 10])  # (2 trajectories, 6 points, 2): 4 more cells, shifted
+    assert envs.coverage(trajectories) == 8
+    x = np.array([[0.1], [0.9], [1.1], [-0.5], [-0.6]])
+    assert envs.coverage(x) == 3  # bins 0, 1, -1
+    # the untrained floor: positions around a reset at (0, 0) straddle the four cells around the origin
+    assert envs.coverage(np.array([[0.05, 0.05], [-0.05, 0.05], [0.05, -0.05], [-0.05, -0.05]])) == 4
+
+
+def test_unknown_env_is_a_value_error():
+    with pytest.raises(ValueError, match="unknown env 'Hopper'"):
+        envs.make_env("Hopper")
