@@ -329,10 +329,15 @@ def main(args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     # ------------------------------------------------------------ envs
-    train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)])
-    eval_envs = gym.vector.SyncVectorEnv([
-        lambda i=i: envs.make_env(args.env_id, "rgb_array" if args.capture_video and i < NUM_VIDEO_SKILLS else None)
-        for i in range(NUM_EVAL_SKILLS)])
+    try:
+        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)])
+        eval_envs = gym.vector.SyncVectorEnv([
+            lambda i=i: envs.make_env(args.env_id, "rgb_array" if args.capture_video and i < NUM_VIDEO_SKILLS else None)
+            for i in range(NUM_EVAL_SKILLS)])
+        if args.capture_video:
+            eval_envs.envs[0].render()  # fail now, not at the first evaluation
+    except envs.RenderUnavailable as e:
+        sys.exit(f"csf.py: error: {e}")
     train_envs.reset(seed=args.seed)
     eval_envs.reset(seed=args.seed + 10_000)
     observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames

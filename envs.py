@@ -103,6 +103,10 @@ FRAME_STACK = 3
 ACTION_REPEAT = 2  # pixel worlds (spec §3.3)
 
 
+class RenderUnavailable(RuntimeError):
+    """No OpenGL context can be made; the message is one line naming the system package to install."""
+
+
 def _gl_error(reason):
     """One line saying why no OpenGL context could be made, and what fixes it."""
     loaded = getattr(mujoco, "GLContext", None)  # the backend mujoco took when it was first imported
@@ -133,7 +137,7 @@ class Renderer:
 
     def __init__(self, model, size):
         if GL_MISSING:
-            raise RuntimeError(_gl_error(f"lib{GL_LIBRARIES[GL_BACKEND][0]} does not load"))
+            raise RenderUnavailable(_gl_error(f"lib{GL_LIBRARIES[GL_BACKEND][0]} does not load"))
         model.vis.quality.offsamples = 0  # no multisampling; read when the render context is made
         model.vis.quality.shadowsize = 0  # no shadow map
         try:
@@ -141,7 +145,7 @@ class Renderer:
             self._gl.make_current()
             self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_100)
         except Exception as err:  # the backend loaded, but no context could be made (e.g. EGL without a device)
-            raise RuntimeError(_gl_error(f"{type(err).__name__}: {str(err).strip().splitlines()[0]}")) from err
+            raise RenderUnavailable(_gl_error(f"{type(err).__name__}: {str(err).strip().splitlines()[0]}")) from err
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
         self._model = model
         self._scene = mujoco.MjvScene(model, maxgeom=1000)
@@ -372,7 +376,7 @@ class DMCPixelEnv(MujocoEnv):
 
 def make_env(env_id, render_mode=None):
     """The env of the paper named `env_id`, with its time limit. Raises ValueError for an unknown id, and
-    RuntimeError (one line naming the system package to install) when a pixel world finds no OpenGL."""
+    RenderUnavailable (one line naming the system package to install) when a pixel world finds no OpenGL."""
     if env_id not in ENV_SPECS:
         raise ValueError(f"unknown env {env_id!r}; choose one of {', '.join(ENV_SPECS)}")
     if env_id == "Ant":

@@ -76,9 +76,9 @@ NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 @dataclass
 class Args:
     env_id: str = "Ant"
-    """the environment: Ant or HalfCheetah (the state-based ones; pixel envs are refused for now)"""
+    """the environment: Ant, HalfCheetah (states), Quadruped or Humanoid (64×64 pixels)"""
     skill_dim: Optional[int] = None
-    """dimension d of z, or number K of one-hot skills (unset: the paper's, Ant 2, HalfCheetah K = 16)"""
+    """dimension d of z, or number K of one-hot skills (unset: the paper's: Ant 2, HalfCheetah K = 16, Quadruped 4, Humanoid 2)"""
     discrete: Optional[bool] = None
     """one-hot skills instead of the unit sphere (unset: one-hot on HalfCheetah and Kitchen, as in the paper)"""
     seed: int = 1
@@ -144,10 +144,6 @@ def fill_env_defaults(args):
     if args.env_id not in envs.ENV_SPECS:
         sys.exit(f"metra.py: error: unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
     spec = envs.ENV_SPECS[args.env_id]
-    if getattr(spec, "pixels", False):
-        state_envs = ", ".join(k for k, v in envs.ENV_SPECS.items() if not getattr(v, "pixels", False))
-        sys.exit(f"metra.py: error: --env-id {args.env_id} has pixel observations, which metra.py does not handle "
-                 f"yet; choose one of {state_envs}")
     paper_discrete = args.env_id in DISCRETE_ENVS
     if args.discrete is not None and args.discrete != paper_discrete and args.skill_dim is None:
         sys.exit(f"metra.py: error: the paper has no {'one-hot' if args.discrete else 'unit-sphere'} METRA skills on "
@@ -275,15 +271,28 @@ def mlp(in_dim, hidden_dim, out_dim, activation, init):
     return net
 
 
-class QNetwork(nn.Module):
-    """Q(s, a, z) ∈ R: ReLU MLP on obs ⊕ z ⊕ a, Xavier-normal weights."""
+class Phi(nn.Module):
+    """φ(s) ∈ R^d, the state representation (ReLU MLP, Xavier-uniform; the official code's "trajectory encoder")."""
 
-    def __init__(self, obs_dim, action_dim, skill_dim, hidden_dim):
+    def __init__(self, observation_space, skill_dim, hidden_dim):
         super().__init__()
-        self.net = mlp(obs_dim + skill_dim + action_dim, hidden_dim, 1, nn.ReLU, nn.init.xavier_normal_)
+        self.encoder, features = envs.make_encoder(observation_space)  # every network owns its encoder (spec §1.9)
+        self.net = mlp(features, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_)
+
+    def forward(self, obs):
+        return self.net(self.encoder(obs))
+
+
+class QNetwork(nn.Module):
+    """Q(s, a, z) ∈ R: ReLU MLP on features(s) ⊕ z ⊕ a, Xavier-normal weights."""
+
+    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
+        super().__init__()
+        self.encoder, features = envs.make_encoder(observation_space)
+        self.net = mlp(features + skill_dim + action_dim, hidden_dim, 1, nn.ReLU, nn.init.xavier_normal_)
 
     def forward(self, obs, skill, action):
-        return self.net(torch.cat([obs, skill, action], -1)).squeeze(-1)
+        return self.net(torch.cat([self.encoder(obs), skill, action], -1)).squeeze(-1)
 
 
 class Actor(nn.Module):
@@ -291,9 +300,10 @@ class Actor(nn.Module):
 
     LOG_STD_MIN, LOG_STD_MAX = math.log(1e-6), 2.0
 
-    def __init__(self, obs_dim, action_dim, skill_dim, hidden_dim):
+    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
         super().__init__()
-        self.trunk = mlp(obs_dim + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
+        self.encoder, features = envs.make_encoder(observation_space)
+        self.trunk = mlp(features + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
         self.mean = nn.Linear(hidden_dim, action_dim)
         self.log_std = nn.Linear(hidden_dim, action_dim)
         for head in (self.mean, self.log_std):
@@ -302,7 +312,7 @@ class Actor(nn.Module):
             nn.init.zeros_(head.bias)
 
     def forward(self, obs, skill):
-        h = self.trunk(torch.cat([obs, skill], -1))
+        h = self.trunk(torch.cat([self.encoder(obs), skill], -1))
         return self.mean(h), self.log_std(h).clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
 
     def sample(self, obs, skill):
@@ -320,33 +330,58 @@ class Actor(nn.Module):
 
 # ---------------------------------------------------------------- replay buffer (spec §1.4)
 class ReplayBuffer:
-    """A ring of transitions (s, a, s', z); whole epochs are appended, the oldest overwritten first."""
+    """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement.
 
-    FIELDS = ("obs", "action", "next_obs", "skill")
+    Observations are stored once per time step (s'_t is s_{t+1}), and of a stacked pixel observation only its
+    newest frame, as uint8: the stack is rebuilt by index, oldest frame first, the first frame repeated at
+    the start of a trajectory, as the env built it. A 300k-transition pixel buffer then takes 3.7 GB instead
+    of the official 22 GB (obs and next_obs, all 3 frames each). The capacity is rounded down to whole
+    trajectories.
+    """
 
-    def __init__(self, capacity, obs_dim, action_dim, skill_dim, rng):
-        dims = {"obs": obs_dim, "action": action_dim, "next_obs": obs_dim, "skill": skill_dim}
-        self.data = {k: np.zeros((capacity, dims[k]), dtype=np.float32) for k in self.FIELDS}
-        self.capacity, self.pos, self.size, self.rng = capacity, 0, 0, rng
+    def __init__(self, capacity, horizon, observation_space, frame_stack, action_dim, skill_dim, rng):
+        frame_shape = observation_space.shape[:-1] + (observation_space.shape[-1] // frame_stack,)
+        num_trajectories = capacity // horizon
+        self.frames = np.zeros((num_trajectories, horizon + 1, *frame_shape), observation_space.dtype)
+        self.actions = np.zeros((num_trajectories, horizon, action_dim), np.float32)
+        self.skills = np.zeros((num_trajectories, skill_dim), np.float32)
+        self.horizon, self.frame_stack, self.rng = horizon, frame_stack, rng
+        self.pos, self.num_stored = 0, 0  # in trajectories
 
-    def add(self, **batch):
-        n = len(batch["obs"])
-        idx = (self.pos + np.arange(n)) % self.capacity
-        for k in self.FIELDS:
-            self.data[k][idx] = batch[k]
-        self.pos, self.size = (self.pos + n) % self.capacity, min(self.size + n, self.capacity)
+    @property
+    def size(self):  # stored transitions
+        return self.num_stored * self.horizon
+
+    def add(self, observations, actions, skills):
+        """observations: (n, horizon + 1, *obs_shape) with the final one; actions: (n, horizon, |A|); skills: (n, d)."""
+        n, capacity = len(observations), len(self.frames)
+        idx = (self.pos + np.arange(n)) % capacity
+        self.frames[idx] = observations[..., -self.frames.shape[-1]:]  # the newest frame of each stack
+        self.actions[idx], self.skills[idx] = actions, skills
+        self.pos, self.num_stored = (self.pos + n) % capacity, min(self.num_stored + n, capacity)
+
+    def observation(self, trajectory, t):
+        """The observation at step t of each trajectory: frames t-k+1..t (clipped at 0) along the last axis."""
+        steps = np.maximum(t[:, None] + np.arange(1 - self.frame_stack, 1), 0)  # (B, k), oldest first
+        frames = self.frames[trajectory[:, None], steps]  # (B, k, *frame_shape)
+        return np.moveaxis(frames, 1, -2).reshape(*frames.shape[:1], *frames.shape[2:-1], -1)
 
     def sample(self, batch_size, device, rng=None):
-        idx = (rng or self.rng).integers(0, self.size, batch_size)
-        return {k: torch.as_tensor(v[idx], device=device) for k, v in self.data.items()}
+        i = (rng or self.rng).integers(0, self.size, batch_size)  # uniform over transitions
+        trajectory, t = i // self.horizon, i % self.horizon
+        batch = {"obs": self.observation(trajectory, t), "action": self.actions[trajectory, t],
+                 "next_obs": self.observation(trajectory, t + 1), "skill": self.skills[trajectory]}
+        return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
 
     def state_dict(self):
-        return {"pos": self.pos, "size": self.size, **{k: v[: self.size].copy() for k, v in self.data.items()}}
+        n = self.num_stored
+        return {"pos": self.pos, "num_stored": n, "frames": self.frames[:n].copy(), "actions": self.actions[:n].copy(),
+                "skills": self.skills[:n].copy()}
 
     def load_state_dict(self, state):
-        self.pos, self.size = state["pos"], state["size"]
-        for k in self.FIELDS:
-            self.data[k][: self.size] = state[k]
+        self.pos, self.num_stored = state["pos"], state["num_stored"]
+        n = self.num_stored
+        self.frames[:n], self.actions[:n], self.skills[:n] = state["frames"], state["actions"], state["skills"]
 
 
 # ---------------------------------------------------------------- evaluation (spec §4.1-4.2)
@@ -402,23 +437,28 @@ def main(args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     # ------------------------------------------------------------ envs
-    train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)])
-    eval_envs = gym.vector.SyncVectorEnv([
-        lambda i=i: envs.make_env(args.env_id, "rgb_array" if args.capture_video and i < NUM_VIDEO_SKILLS else None)
-        for i in range(NUM_EVAL_SKILLS)])
+    try:
+        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)])
+        eval_envs = gym.vector.SyncVectorEnv([
+            lambda i=i: envs.make_env(args.env_id, "rgb_array" if args.capture_video and i < NUM_VIDEO_SKILLS else None)
+            for i in range(NUM_EVAL_SKILLS)])
+        if args.capture_video:
+            eval_envs.envs[0].render()  # fail now, not at the first evaluation
+    except envs.RenderUnavailable as e:
+        sys.exit(f"metra.py: error: {e}")
     train_envs.reset(seed=args.seed)
     eval_envs.reset(seed=args.seed + 10_000)
-    obs_dim = train_envs.single_observation_space.shape[0]
+    observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
     action_dim = train_envs.single_action_space.shape[0]
     d = args.skill_dim
 
     # ------------------------------------------------------------ networks and optimizers
-    phi = mlp(obs_dim, args.hidden_dim, d, nn.ReLU, nn.init.xavier_uniform_).to(device)
-    qf1, qf2 = (QNetwork(obs_dim, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
-    qf1_target, qf2_target = (QNetwork(obs_dim, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
+    phi = Phi(observation_space, d, args.hidden_dim).to(device)
+    qf1, qf2 = (QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
+    qf1_target, qf2_target = (QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
     qf1_target.load_state_dict(qf1.state_dict())
     qf2_target.load_state_dict(qf2.state_dict())
-    actor = Actor(obs_dim, action_dim, d, args.hidden_dim).to(device)
+    actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
     log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
     log_lam = torch.tensor(math.log(args.dual_lam), device=device, requires_grad=True)  # never stepped in METRA-C
     target_entropy = -action_dim / 2  # the official code halves the usual -|A| (spec §1.7)
@@ -427,7 +467,7 @@ def main(args):
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.lr)
     alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.lr)
     lam_optimizer = torch.optim.Adam([log_lam], lr=args.dual_lr)
-    rb = ReplayBuffer(args.buffer_size, obs_dim, action_dim, d, rng)
+    rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng)
     modules = {"phi": phi, "qf1": qf1, "qf2": qf2, "qf1_target": qf1_target, "qf2_target": qf2_target,
                "actor": actor, "phi_optimizer": phi_optimizer, "qf_optimizer": qf_optimizer,
                "actor_optimizer": actor_optimizer, "alpha_optimizer": alpha_optimizer, "lam_optimizer": lam_optimizer}
@@ -477,14 +517,15 @@ def main(args):
         result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
                   "wall_time": round(wall_time + time.time() - segment_start, 2), "coverage": envs.coverage(coordinates)}
         if rb.size > 0:  # E‖φ(s') - φ(s)‖² and the mean constraint term over replay transitions
-            batch = rb.sample(min(NUM_DPHI_SAMPLES, rb.size), device, rng=eval_rng)
-            dphi = phi(batch["next_obs"]) - phi(batch["obs"])
+            n = min(NUM_DPHI_SAMPLES, rb.size)  # in chunks that fit in memory with pixels
+            batches = [rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000)]
+            dphi = torch.cat([phi(b["next_obs"]) - phi(b["obs"]) for b in batches])
+            skill = torch.cat([b["skill"] for b in batches])
             result["dphi_sq"] = dphi.pow(2).sum(-1).mean().item()
             result["constraint"] = constraint(dphi, args.dual_slack, args.constraint_norm).mean().item()
             if args.save_repr_stats:
                 np.savez_compressed(os.path.join(run_dir, f"repr_stats_{env_steps:010d}.npz"),
-                                    **repr_stats(dphi, skill_weights(batch["skill"], args.discrete)),
-                                    skill=batch["skill"].cpu().numpy(), discrete=args.discrete, env_id=args.env_id,
+                                    **repr_stats(dphi, skill_weights(skill, args.discrete)), skill=skill.cpu().numpy(), discrete=args.discrete, env_id=args.env_id,
                                     env_steps=env_steps, repr_loss=args.repr_loss, constraint_norm=args.constraint_norm)
         result.update(epoch_stats)  # training means since the last evaluation
         if not contrastive:
@@ -590,16 +631,15 @@ def main(args):
         # collect one trajectory per env, one skill each, with the stochastic policy
         skills = sample_skills(args.num_envs, d, args.discrete).to(device)
         obs, _ = train_envs.reset()
-        traj = {k: [] for k in ReplayBuffer.FIELDS}
+        observations, actions = [obs], []
         with torch.no_grad():
             for _ in range(spec.horizon):
-                action, _ = actor.sample(torch.as_tensor(obs, device=device), skills)
-                next_obs, _, terminated, _, _ = train_envs.step(action.cpu().numpy())
+                action = actor.sample(torch.as_tensor(obs, device=device), skills)[0].cpu().numpy()
+                obs, _, terminated, _, _ = train_envs.step(action)
                 assert not terminated.any(), "pretraining envs never terminate"
-                for k, v in (("obs", obs), ("action", action.cpu().numpy()), ("next_obs", next_obs), ("skill", skills.cpu().numpy())):
-                    traj[k].append(v)
-                obs = next_obs  # after the last step this is the final observation; reset() starts the next epoch
-        rb.add(**{k: np.stack(v, 1).reshape(-1, v[0].shape[-1]) for k, v in traj.items()})  # trajectory-major
+                observations.append(obs)  # after the last step, the final observation; reset() starts the next epoch
+                actions.append(action)
+        rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
         since_eval["env_steps"] += steps_per_epoch
         env_steps = (epoch + 1) * steps_per_epoch
 

@@ -135,3 +135,17 @@ def test_pixel_smoke_run_crosses_an_update_and_an_evaluation(tmp_path):
     ckpt = torch.load(os.path.join(run_dir(tmp_path), "checkpoint.pt"), weights_only=False)
     assert ckpt["buffer"]["frames"].shape == (2, 201, 64, 64, 3)  # one uint8 frame per step, stacks rebuilt
     assert any(k.startswith("encoder.") for k in ckpt["phi"]) and any(k.startswith("encoder.") for k in ckpt["actor"])
+
+
+def test_pixel_env_without_opengl_is_one_line_naming_the_package(tmp_path):
+    # hide libOSMesa from this process, as on a machine without the system package
+    script = ("import ctypes.util, runpy, sys\n"
+              "find = ctypes.util.find_library\n"
+              "ctypes.util.find_library = lambda name: None if name == 'OSMesa' else find(name)\n"
+              f"sys.argv = ['csf.py', '--env-id', 'Humanoid', '--no-cuda']\n"
+              f"runpy.run_path({os.path.join(ROOT, 'csf.py')!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MUJOCO_GL": "osmesa", "PYTHONPATH": ROOT})
+    assert proc.returncode != 0
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("csf.py: error: cannot render") and "libosmesa6" in line
