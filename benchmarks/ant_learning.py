@@ -33,6 +33,7 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="seeds, run side by side")
     parser.add_argument("--hidden-dim", type=int, default=256, help="network width (the paper's is 1024)")
     parser.add_argument("--eval-every", type=int, default=50, help="epochs between evaluations (80k env steps)")
+    parser.add_argument("--agent-args", default="", help="more flags for the agent, e.g. '--save-repr-stats'")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the table from finished runs")
     args = parser.parse_args()
     out_dir = os.path.join(ROOT, "benchmarks", "runs", f"{args.agent}_ant_{args.hidden_dim}")
@@ -45,7 +46,7 @@ def main():
             os.makedirs(seed_dir)
             cmd = [sys.executable, os.path.join(ROOT, f"{args.agent}.py"), "--env-id", "Ant", "--seed", str(seed),
                    "--total-env-steps", str(args.total_env_steps), "--hidden-dim", str(args.hidden_dim),
-                   "--eval-every", str(args.eval_every), "--checkpoint-every", str(10 * args.eval_every), "--no-cuda"]
+                   "--eval-every", str(args.eval_every), "--checkpoint-every", str(10 * args.eval_every), "--no-cuda", *args.agent_args.split()]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             log = open(os.path.join(seed_dir, "stdout.log"), "w")
             print("running:", " ".join(cmd[1:]), f"(in {os.path.relpath(seed_dir, ROOT)})", flush=True)
@@ -72,7 +73,8 @@ def main():
                                             if takeoff else "no take-off (coverage never ≥ 50 twice in a row)"))
     table = "\n".join(rows + [""] + verdicts)
     command = (f"python benchmarks/ant_learning.py --agent {args.agent} --total-env-steps {args.total_env_steps} --seeds "
-               f"{' '.join(map(str, args.seeds))} --hidden-dim {args.hidden_dim} --eval-every {args.eval_every}")
+               f"{' '.join(map(str, args.seeds))} --hidden-dim {args.hidden_dim} --eval-every {args.eval_every}"
+               + (f" --agent-args '{args.agent_args}'" if args.agent_args else ""))
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     result_file = os.path.join(ROOT, "benchmarks", "results", f"{args.agent}_ant_{args.hidden_dim}.md")
     with open(result_file, "w") as f:

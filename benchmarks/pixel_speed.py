@@ -1,0 +1,93 @@
+"""Speed and memory of the pixel worlds: env steps/s with rendering, replay bytes per transition, and a short
+csf.py run on Humanoid at the paper's network sizes (ms per gradient step, SPS, peak RSS).
+
+    python benchmarks/pixel_speed.py                 # about 5 minutes on 2 CPU cores
+    python benchmarks/pixel_speed.py --grad-steps 20 # more gradient steps in the timed epoch
+
+Prints one table and writes it to benchmarks/results/pixel_speed_<device>.md. csf.py runs on the GPU when
+torch sees one, so the same command measures a GPU machine.
+"""
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import csf  # noqa: E402
+import envs  # noqa: E402
+
+
+def env_steps_per_second(env_id, steps):
+    env = envs.make_env(env_id)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    for t in range(steps):
+        if (t + 1) % envs.ENV_SPECS[env_id].horizon == 0:
+            env.reset()
+        env.step(rng.uniform(-1, 1, env.action_space.shape))
+    return steps / (time.perf_counter() - start)
+
+
+def replay_bytes_per_transition(env_id):
+    env, spec = envs.make_env(env_id), envs.ENV_SPECS[env_id]
+    rb = csf.ReplayBuffer(spec.buffer_size, spec.horizon, env.observation_space, spec.frame_stack,
+                          env.action_space.shape[0], csf.SKILL_DIMS[env_id], None)  # np.zeros: nothing touched yet
+    total = rb.frames.nbytes + rb.actions.nbytes + rb.skills.nbytes
+    return total / spec.buffer_size, total
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env-steps", type=int, default=400, help="steps timed per world")
+    parser.add_argument("--grad-steps", type=int, default=10, help="gradient steps in the timed csf.py epoch")
+    args = parser.parse_args()
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    rows = ["| what | Quadruped | Humanoid |", "|---|---|---|"]
+    sps = [env_steps_per_second(e, args.env_steps) for e in ("Quadruped", "Humanoid")]
+    rows.append(f"| env steps/s, one env, 64×64 rendering ({envs.GL_BACKEND}) | {sps[0]:.0f} | {sps[1]:.0f} |")
+    sizes = [replay_bytes_per_transition(e) for e in ("Quadruped", "Humanoid")]
+    rows.append(f"| replay bytes / transition (official: obs + next_obs, 3 frames each = 73,728 + tail) | "
+                f"{sizes[0][0]:,.0f} | {sizes[1][0]:,.0f} |")
+    rows.append(f"| replay buffer at 300k transitions (official ≈ 22 GB) | {sizes[0][1] / 1e9:.2f} GB | "
+                f"{sizes[1][1] / 1e9:.2f} GB |")
+
+    # a short csf.py run on Humanoid at the paper's sizes: 2 epochs of 8 × 200 steps, the second one training
+    with tempfile.TemporaryDirectory() as cwd:
+        cmd = [sys.executable, os.path.join(ROOT, "csf.py"), "--env-id", "Humanoid", "--total-env-steps", "3200",
+               "--learning-starts", "1600", "--grad-steps-per-epoch", str(args.grad_steps)]
+        print("running:", " ".join(cmd[1:]), flush=True)
+        start = time.time()
+        subprocess.run(cmd, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
+        wall = time.time() - start
+        (path,) = glob.glob(os.path.join(cwd, "runs", "*", "eval.jsonl"))
+        last = [json.loads(line) for line in open(path)][-1]
+    rows.append(f"| csf.py Humanoid, width 1024, batch 256: ms / gradient step ({device}) | – | "
+                f"{last['ms_per_grad_step']:.0f} |")
+    rows.append(f"| csf.py Humanoid: env steps/s of the training epochs, collection + {args.grad_steps} gradient steps | – | "
+                f"{last['sps']:.0f} |")
+    rows.append(f"| csf.py Humanoid: peak RSS, 56 envs (8 training + 48 evaluation), 3,200 transitions stored | – | "
+                f"{last['peak_rss_mb']:,.0f} MB |")
+    rows.append(f"| csf.py Humanoid: wall time of the whole command (2 evaluations of 48 rollouts included) | – | "
+                f"{wall:.0f} s |")
+    table = "\n".join(rows)
+    command = f"python benchmarks/pixel_speed.py --env-steps {args.env_steps} --grad-steps {args.grad_steps}"
+    os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
+    result_file = os.path.join(ROOT, "benchmarks", "results", f"pixel_speed_{'gpu' if device != 'CPU' else 'cpu'}.md")
+    with open(result_file, "w") as f:
+        f.write(f"# Pixel worlds: speed and memory ({device}, {os.cpu_count()} cores)\n\n`{command}`\n\n{table}\n")
+    print(table)
+    print(f"\nwritten to {os.path.relpath(result_file, ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
