@@ -1,7 +1,8 @@
 """CSF: Contrastive Successor Features ("Can a MISL Fly?", Zheng et al., ICLR 2025), in one file.
 
-    python csf.py --env-id Ant                     # the paper's settings for Ant
-    python csf.py --env-id Ant --hidden-dim 256    # what a CPU can train in an hour
+    python csf.py --env-id Ant                       # the paper's settings for Ant
+    python csf.py --env-id Ant --hidden-dim 256      # what a CPU can train in an hour
+    python csf.py --env-id Humanoid --skill-dim 8    # 64×64 pixels (wants a GPU: ~15 s per gradient step on a CPU)
 
 Every epoch (spec §1.1): evaluate every `eval_every` epochs (epoch 0 included), collect `num_envs`
 trajectories of the env's horizon with one skill z ~ Unif(S^{d-1}) each, then, once `learning_starts`
@@ -18,6 +19,10 @@ Deliberate differences from the official code (none changes the algorithm behind
     unused target φ, METRA's λ machinery, and the stored rewards / next actions / returns.
   - the contrastive negatives are 256 fresh draws from the prior (what the scripts run), not in-batch
     negatives (what the paper's hyperparameter table says; spec §5.4).
+  - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
+    22 GB at 300k transitions, same samples); envs.py renders without shadows or multisampling (10-15x
+    faster on a CPU, the floor gradient and the body stay visible) and seeds every env differently, where
+    the official workers all repeat the same initial states (spec §5.18).
 """
 
 import json
@@ -54,27 +59,27 @@ NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 @dataclass
 class Args:
     env_id: str = "Ant"
-    """the environment: Ant or HalfCheetah"""
+    """the environment: Ant, HalfCheetah (states), Quadruped or Humanoid (64×64 pixels)"""
     skill_dim: Optional[int] = None
-    """dimension d of the skill z on the unit sphere (unset: the paper's, 2 on Ant and HalfCheetah)"""
+    """dimension d of the skill z on the unit sphere (unset: the paper's: Ant 2, HalfCheetah 2, Quadruped 4, Humanoid 8)"""
     seed: int = 1
     """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
     total_env_steps: Optional[int] = None
-    """training budget in environment steps, evaluation rollouts not counted (unset: 64M, spec §1.1)"""
+    """training budget in environment steps, evaluation rollouts not counted (unset: 64M on states, 4.8M on pixels, spec §1.1)"""
     num_envs: Optional[int] = None
     """trajectories collected per epoch, one skill each, stepped together (unset: 8)"""
     grad_steps_per_epoch: Optional[int] = None
-    """gradient steps after each collection round (unset: 50 on Ant and HalfCheetah)"""
+    """gradient steps after each collection round (unset: 50 on states, 200 on pixels)"""
     learning_starts: int = 10_000
     """transitions stored before the first gradient step"""
     batch_size: int = 256
     """transitions per minibatch, sampled uniformly with replacement"""
     buffer_size: Optional[int] = None
-    """replay capacity in transitions, oldest overwritten first (unset: 1M on Ant and HalfCheetah)"""
+    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels)"""
     hidden_dim: int = 1024
     """width of the two hidden layers of φ, ψ and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
     eval_every: Optional[int] = None
-    """epochs between evaluations (unset: 500 on Ant, 1000 on HalfCheetah); the last epoch is always evaluated"""
+    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, pixels 125); the last epoch is always evaluated"""
     checkpoint_every: Optional[int] = None
     """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
     resume: Optional[str] = None
@@ -372,6 +377,8 @@ def main(args):
         rb.load_state_dict(ckpt["buffer"])
         start_epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
         torch.set_rng_state(ckpt["torch_rng"])
+        if device.type == "cuda" and ckpt["cuda_rng"] is not None:
+            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
         eval_generator.set_state(ckpt["eval_torch_rng"])
         rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
         for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
@@ -381,7 +388,9 @@ def main(args):
     def save_checkpoint(epoch):
         state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
                  "wall_time": wall_time + time.time() - segment_start, "log_alpha": log_alpha.detach().cpu(),
-                 "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(), "numpy_rng": rng.bit_generator.state,
+                 "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+                 "numpy_rng": rng.bit_generator.state,
                  "eval_numpy_rng": eval_rng.bit_generator.state, "eval_torch_rng": eval_generator.get_state(),
                  "env_rngs": [e.unwrapped.np_random.bit_generator.state for e in train_envs.envs + eval_envs.envs],
                  **{name: module.state_dict() for name, module in modules.items()}}

@@ -74,7 +74,7 @@ def main():
     table = "\n".join(rows + [""] + verdicts)
     command = (f"python benchmarks/ant_learning.py --agent {args.agent} --total-env-steps {args.total_env_steps} --seeds "
                f"{' '.join(map(str, args.seeds))} --hidden-dim {args.hidden_dim} --eval-every {args.eval_every}"
-               + (f" --agent-args '{args.agent_args}'" if args.agent_args else ""))
+               + (f" --agent-args='{args.agent_args}'" if args.agent_args else ""))
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     result_file = os.path.join(ROOT, "benchmarks", "results", f"{args.agent}_ant_{args.hidden_dim}.md")
     with open(result_file, "w") as f:
