@@ -19,6 +19,9 @@ Deliberate differences from the official code (none changes the algorithm behind
     unused target φ, METRA's λ machinery, and the stored rewards / next actions / returns.
   - the contrastive negatives are 256 fresh draws from the prior (what the scripts run), not in-batch
     negatives (what the paper's hyperparameter table says; spec §5.4).
+  - additions, not in the official code: the last epoch is always evaluated and checkpointed, every
+    evaluation also reports E‖Δφ‖² over 10k replay transitions, and a --buffer-size that is not a multiple
+    of the horizon is rounded down to whole trajectories (the paper's 1M and 300k are).
   - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
     22 GB at 300k transitions, same samples); envs.py renders without shadows or multisampling (10-15x
     faster on a CPU, the floor gradient and the body stay visible) and seeds every env differently, where

@@ -39,6 +39,9 @@ Deliberate differences from the official code:
   - one-hot skills are drawn with torch's generator, not NumPy's global one (a different random stream only).
   - METRA-C's negatives are fresh unit-sphere draws, as in CSF's scripts; METRA-C with one-hot skills is
     refused (the paper ran it on Ant only, and unit-sphere negatives do not match a one-hot prior).
+  - additions, not in the official code: the last epoch is always evaluated and checkpointed, every
+    evaluation also reports E‖Δφ‖² over 10k replay transitions, and a --buffer-size that is not a multiple
+    of the horizon is rounded down to whole trajectories (the paper's 1M and 300k are).
   - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
     22 GB at 300k transitions, same samples); envs.py renders without shadows or multisampling and seeds
     every env differently (spec §5.18), as for csf.py.

@@ -77,3 +77,12 @@ def test_coverage_counts_distinct_unit_cells():
 def test_unknown_env_is_a_value_error():
     with pytest.raises(ValueError, match="unknown env 'Hopper'"):
         envs.make_env("Hopper")
+
+
+def test_goal_observation_is_a_reset_state_moved_to_the_goal():
+    env = envs.make_env("Ant").unwrapped
+    env.reset(seed=0)
+    goal = np.array([12.5, -30.0])
+    obs = env.goal_observation(goal)
+    assert np.allclose(obs[:2] * (env.obs_std[:2] + 1e-8) + env.obs_mean[:2], goal, atol=1e-4)
+    assert abs(env.data.qpos[2] - env.model.qpos0[2]) <= 0.1  # the rest is the fresh reset pose
