@@ -21,7 +21,9 @@ Deliberate differences from the official code (none changes the algorithm behind
     negatives (what the paper's hyperparameter table says; spec §5.4).
   - additions, not in the official code: the last epoch is always evaluated and checkpointed, every
     evaluation also reports E‖Δφ‖² over 10k replay transitions, and a --buffer-size that is not a multiple
-    of the horizon is rounded down to whole trajectories (the paper's 1M and 300k are).
+    of the horizon is rounded down to whole trajectories (the paper's 1M and 300k are). A checkpoint also
+    holds the loss means since the last evaluation, so a run resumed from any epoch reports what the
+    uninterrupted run does.
   - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
     22 GB at 300k transitions, same samples); envs.py renders without shadows or multisampling (10-15x
     faster on a CPU, the floor gradient and the body stay visible) and seeds every env differently, where
@@ -35,7 +37,7 @@ import random
 import resource
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
 import gymnasium as gym
@@ -54,7 +56,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 AGENT = "csf"
 SKILL_DIMS = {"Ant": 2, "HalfCheetah": 2, "Quadruped": 4, "Humanoid": 8, "Kitchen": 4, "Robobin": 9}  # paper Table 4
-NUM_EVAL_SKILLS = 48  # deterministic evaluation rollouts per evaluation (spec §4.1)
 NUM_DPHI_SAMPLES = 10_000  # replay transitions behind the E‖Δφ‖² diagnostic
 NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 
@@ -68,7 +69,7 @@ class Args:
     seed: int = 1
     """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
     total_env_steps: Optional[int] = None
-    """training budget in environment steps, evaluation rollouts not counted (unset: 64M on states, 4.8M on pixels, spec §1.1)"""
+    """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states, 4.8M on pixels)"""
     num_envs: Optional[int] = None
     """trajectories collected per epoch, one skill each, stepped together (unset: 8)"""
     grad_steps_per_epoch: Optional[int] = None
@@ -97,6 +98,8 @@ class Args:
     """W&B team, with --track"""
     capture_video: bool = False
     """at each evaluation, write an MP4 of the first few evaluation skills side by side"""
+    num_eval_skills: int = 48
+    """deterministic evaluation rollouts per evaluation, one fresh skill each (the paper's 48)"""
     xi: float = 5.0
     """ξ, the weight of the log-sum-exp (negative) term of the contrastive lower bound"""
     num_negatives: int = 256
@@ -111,10 +114,45 @@ class Args:
     """initial entropy temperature α (tuned automatically towards entropy -|A|/2)"""
 
 
-def fill_env_defaults(args):
-    """Reject bad input with one line, and give every unset flag the paper's value for the env."""
+# Every numeric flag and the values that mean something ("[" closed end, "(" open end); NaN is never inside.
+FLAG_RANGES = {
+    "skill_dim": "[1, inf)", "seed": "[0, 2147483647]", "total_env_steps": "[1, inf)", "num_envs": "[1, inf)",
+    "grad_steps_per_epoch": "[0, inf)", "learning_starts": "[0, inf)", "batch_size": "[1, inf)",
+    "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)", "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)",
+    "num_eval_skills": "[1, inf)", "xi": "[0, inf)", "num_negatives": "[1, inf)", "gamma": "[0, 1)",
+    "tau": "(0, 1]", "lr": "(0, inf)", "alpha_init": "(0, inf)",
+}
+# What --resume may change: neither the learning problem nor the random streams depend on these.
+RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "track",
+                     "wandb_project_name", "wandb_entity", "capture_video")
+
+
+def error(message):
+    """End the run with one line on stderr, no traceback."""
+    sys.exit(f"csf.py: error: {message}")
+
+
+def in_range(value, interval):
+    """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
+    low, high = (float(end) for end in interval[1:-1].split(","))
+    above = low <= value if interval[0] == "[" else low < value
+    below = value <= high if interval[-1] == "]" else value < high
+    return above and below  # both False for NaN
+
+
+def parse_args(argv=None):
+    """The command line, every unset flag given the paper's value for the env, every value checked (one line on
+    failure). With --resume, the flags the run was started with; a flag given beside it may change only what
+    RESUME_MAY_CHANGE names. Returns the args and the checkpoint (None for a new run)."""
+    args, ckpt = tyro.cli(Args, args=argv), None
+    if args.resume:
+        ckpt = load_checkpoint(args.resume)
+        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
+        for flag, trained in ckpt["args"].items():
+            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
+                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
     if args.env_id not in envs.ENV_SPECS:
-        sys.exit(f"csf.py: error: unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
+        error(f"unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
     spec = envs.ENV_SPECS[args.env_id]
     for flag, paper_value in (("skill_dim", SKILL_DIMS[args.env_id]), ("total_env_steps", spec.total_env_steps),
                               ("num_envs", spec.num_envs), ("grad_steps_per_epoch", spec.grad_steps_per_epoch),
@@ -123,13 +161,24 @@ def fill_env_defaults(args):
             setattr(args, flag, paper_value)
     if args.checkpoint_every is None:
         args.checkpoint_every = args.eval_every
-    for flag in ("skill_dim", "total_env_steps", "num_envs", "batch_size", "buffer_size", "hidden_dim",
-                 "eval_every", "checkpoint_every", "num_negatives"):
-        if getattr(args, flag) <= 0:
-            sys.exit(f"csf.py: error: --{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    if args.buffer_size < args.num_envs * spec.horizon:
-        sys.exit(f"csf.py: error: --buffer-size must hold one epoch ({args.num_envs * spec.horizon} transitions)")
-    return args
+    for flag, interval in FLAG_RANGES.items():
+        if not in_range(getattr(args, flag), interval):
+            error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
+    steps_per_epoch = args.num_envs * spec.horizon
+    if args.buffer_size < steps_per_epoch:
+        error(f"--buffer-size must hold one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} transitions), "
+              f"got {args.buffer_size}")
+    if args.total_env_steps < steps_per_epoch:
+        error(f"--total-env-steps must cover one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} env steps), "
+              f"got {args.total_env_steps}")
+    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps,
+                                                                args.buffer_size // spec.horizon * spec.horizon):
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
+              f"got {args.learning_starts}")
+    if ckpt and args.total_env_steps // steps_per_epoch <= ckpt["epoch"]:
+        error(f"{args.resume} has already trained for {ckpt['epoch'] * steps_per_epoch} env steps; "
+              f"give a larger --total-env-steps to continue it")
+    return args, ckpt
 
 
 def sample_skills(n, skill_dim, generator=None):
@@ -294,8 +343,9 @@ class ReplayBuffer:
 
 # ---------------------------------------------------------------- evaluation (spec §4.1-4.2)
 def plot_skills(coordinates, skills, path, title):
-    """The 48 evaluation trajectories, coloured by the angle of (z_0, z_1)."""
-    colors = plt.cm.hsv((np.arctan2(skills[:, 1], skills[:, 0]) + np.pi) / (2 * np.pi))
+    """The evaluation trajectories, coloured by the angle of (z_0, z_1) (by the sign of z for d = 1)."""
+    angle = np.arctan2(skills[:, 1], skills[:, 0]) if skills.shape[-1] > 1 else np.pi * (skills[:, 0] > 0)
+    colors = plt.cm.hsv((angle + np.pi) / (2 * np.pi))
     fig, ax = plt.subplots(figsize=(5, 5))
     for xy, color in zip(coordinates, colors):
         if xy.shape[-1] == 2:
@@ -311,9 +361,8 @@ def plot_skills(coordinates, skills, path, title):
     plt.close(fig)
 
 
-def main(args):
+def main(args, ckpt=None):
     spec = envs.ENV_SPECS[args.env_id]
-    ckpt = load_checkpoint(args) if args.resume else None
     run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
@@ -337,15 +386,19 @@ def main(args):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     # ------------------------------------------------------------ envs
+    # Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
+    # env never resets on its own, so the observation after the last step is the final one (never a reset one).
+    num_video_skills = min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
     try:
-        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)])
+        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)],
+                                              autoreset_mode=gym.vector.AutoresetMode.DISABLED)
         eval_envs = gym.vector.SyncVectorEnv([
-            lambda i=i: envs.make_env(args.env_id, "rgb_array" if args.capture_video and i < NUM_VIDEO_SKILLS else None)
-            for i in range(NUM_EVAL_SKILLS)])
+            lambda i=i: envs.make_env(args.env_id, "rgb_array" if i < num_video_skills else None)
+            for i in range(args.num_eval_skills)], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
         if args.capture_video:
             eval_envs.envs[0].render()  # fail now, not at the first evaluation
     except envs.RenderUnavailable as e:
-        sys.exit(f"csf.py: error: {e}")
+        error(e)
     train_envs.reset(seed=args.seed)
     eval_envs.reset(seed=args.seed + 10_000)
     observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
@@ -371,7 +424,10 @@ def main(args):
                "actor": actor, "phi_optimizer": phi_optimizer, "psi_optimizer": psi_optimizer,
                "actor_optimizer": actor_optimizer, "alpha_optimizer": alpha_optimizer}
 
-    start_epoch, grad_steps, wall_time = 0, 0, 0.0
+    def new_window():  # what happened since the last evaluation: the means and speeds the next one reports
+        return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
+
+    start_epoch, grad_steps, wall_time, since_eval = 0, 0, 0.0, new_window()
     if ckpt:
         for name, module in modules.items():
             module.load_state_dict(ckpt[name])
@@ -386,6 +442,8 @@ def main(args):
         rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
         for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
             env.unwrapped.np_random.bit_generator.state = state
+        window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
+        since_eval = {**window, "stats": [s.to(device) for s in window["stats"]], "start": time.time() - window["start"]}
         print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
 
     def save_checkpoint(epoch):
@@ -396,6 +454,7 @@ def main(args):
                  "numpy_rng": rng.bit_generator.state,
                  "eval_numpy_rng": eval_rng.bit_generator.state, "eval_torch_rng": eval_generator.get_state(),
                  "env_rngs": [e.unwrapped.np_random.bit_generator.state for e in train_envs.envs + eval_envs.envs],
+                 "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
                  **{name: module.state_dict() for name, module in modules.items()}}
         path = os.path.join(run_dir, "checkpoint.pt")
         torch.save(state, path + ".tmp")
@@ -403,17 +462,22 @@ def main(args):
 
     @torch.no_grad()
     def evaluate(epoch, epoch_stats):
-        """48 deterministic rollouts with fresh skills → coverage, skill plot, E‖Δφ‖², one line of eval.jsonl."""
-        skills = sample_skills(NUM_EVAL_SKILLS, d, eval_generator)
+        """Deterministic rollouts with fresh skills → coverage, skill plot, E‖Δφ‖², one line of eval.jsonl."""
+        skills = sample_skills(args.num_eval_skills, d, eval_generator)
+        coordinates, frames = [], []
+
+        def record(info):  # the state after reset and after every step
+            coordinates.append(info["coordinates"])
+            if num_video_skills:
+                frames.append(np.concatenate([eval_envs.envs[i].render() for i in range(num_video_skills)], 1))
+
         obs, info = eval_envs.reset()
-        coordinates, frames = [info["coordinates"]], []
+        record(info)
         for _ in range(spec.horizon):
-            if args.capture_video:
-                frames.append(np.concatenate([eval_envs.envs[i].render() for i in range(NUM_VIDEO_SKILLS)], 1))
             action = actor.mode(torch.as_tensor(obs, device=device), skills.to(device))
             obs, _, _, _, info = eval_envs.step(action.cpu().numpy())
-            coordinates.append(info["coordinates"])
-        coordinates = np.stack(coordinates, 1)  # (48, horizon + 1, coord_dim): positions before each step + the last
+            record(info)
+        coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
         env_steps = epoch * steps_per_epoch
         result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
                   "wall_time": round(wall_time + time.time() - segment_start, 2), "coverage": envs.coverage(coordinates)}
@@ -482,11 +546,7 @@ def main(args):
     stat_names = ("phi_loss", "psi_loss", "actor_loss", "alpha_loss", "logsumexp", "alpha")
 
     # ------------------------------------------------------------ main loop
-    def new_window():  # what happened since the last evaluation
-        return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
-
     segment_start = time.time()
-    since_eval = new_window()
     for epoch in range(start_epoch, num_epochs + 1):
         # evaluate and checkpoint at the start of the epoch: what the previous `epoch` epochs produced
         if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
@@ -508,10 +568,11 @@ def main(args):
         obs, _ = train_envs.reset()
         observations, actions = [obs], []
         with torch.no_grad():
-            for _ in range(spec.horizon):
+            for t in range(spec.horizon):
                 action = actor.sample(torch.as_tensor(obs, device=device), skills)[0].cpu().numpy()
-                obs, _, terminated, _, _ = train_envs.step(action)
-                assert not terminated.any(), "pretraining envs never terminate"
+                obs, _, terminated, truncated, _ = train_envs.step(action)
+                # never terminal, cut by the time limit exactly at the horizon: the buffer's trajectory layout
+                assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)
                 observations.append(obs)  # after the last step, the final observation; reset() starts the next epoch
                 actions.append(action)
         rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
@@ -525,8 +586,8 @@ def main(args):
             bad = ~torch.isfinite(losses[:, :4])
             if bad.any():
                 step, which = bad.nonzero()[0].tolist()
-                sys.exit(f"csf.py: error: {stat_names[which]} is {losses[step, which].item()} at gradient step "
-                         f"{grad_steps + step + 1} (epoch {epoch}); the last good checkpoint is in {run_dir}")
+                error(f"{stat_names[which]} is {losses[step, which].item()} at gradient step {grad_steps + step + 1} "
+                      f"(epoch {epoch}); the last good checkpoint is in {run_dir}")
             grad_steps += args.grad_steps_per_epoch
             since_eval["train_time"] += time.time() - train_start
             since_eval["grad_steps"] += args.grad_steps_per_epoch
@@ -544,27 +605,27 @@ def main(args):
     train_envs.close()
     eval_envs.close()
     writer.close()
+    if args.track:
+        wandb.finish()
     print(f"done: {run_dir}")
 
 
-def load_checkpoint(args):
-    """The checkpoint named by --resume, checked against this agent and the command line; one line on failure."""
-    if not os.path.isfile(args.resume):
-        sys.exit(f"csf.py: error: no checkpoint file at {args.resume}")
+def load_checkpoint(path):
+    """The checkpoint at `path`, if it is one of this agent's; one line on failure."""
+    if not os.path.isfile(path):
+        error(f"no checkpoint file at {path}")
     try:
-        ckpt = torch.load(args.resume, map_location="cpu", weights_only=False)
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        sys.exit(f"csf.py: error: {args.resume} is not a readable checkpoint ({type(e).__name__})")
+        error(f"{path} is not a readable checkpoint ({type(e).__name__})")
     if not isinstance(ckpt, dict) or "agent" not in ckpt:
-        sys.exit(f"csf.py: error: {args.resume} is not a cleanmisl checkpoint")
+        error(f"{path} is not a cleanmisl checkpoint")
     if ckpt["agent"] != AGENT:
-        sys.exit(f"csf.py: error: {args.resume} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
-    for flag in ("env_id", "skill_dim", "hidden_dim"):
-        if ckpt["args"][flag] != getattr(args, flag):
-            sys.exit(f"csf.py: error: {args.resume} was trained with --{flag.replace('_', '-')} "
-                     f"{ckpt['args'][flag]}, not {getattr(args, flag)}")
+        error(f"{path} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
+    if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
+        error(f"{path} was written by another version of {AGENT}.py")
     return ckpt
 
 
 if __name__ == "__main__":
-    main(fill_env_defaults(tyro.cli(Args)))
+    main(*parse_args())

@@ -66,14 +66,14 @@ def test_skills_lie_on_the_unit_sphere():
 def test_actor_log_prob_is_the_tanh_gaussian_density():
     torch.manual_seed(0)
     space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
-    actor = csf.Actor(space, action_dim=1, skill_dim=2, hidden_dim=16)
+    actor = csf.Actor(space, action_dim=4, skill_dim=2, hidden_dim=16)  # a density per dimension, summed
     obs, skill = torch.randn(5, 3), csf.sample_skills(5, 2)
     action, log_prob = actor.sample(obs, skill)
     mean, log_std = actor(obs, skill)
     u = torch.atanh(action.clamp(-1 + 1e-6, 1 - 1e-6))
     gauss = -0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
     expected = (gauss - torch.log(1 - action**2 + 1e-6)).sum(-1)
-    assert torch.allclose(log_prob, expected, atol=1e-3)
+    assert log_prob.shape == (5,) and torch.allclose(log_prob, expected, atol=1e-3)
     assert (action.abs() < 1).all()
     assert torch.allclose(actor.mode(obs, skill), torch.tanh(mean))
 

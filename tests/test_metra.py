@@ -1,37 +1,24 @@
 """Tests of metra.py and benchmarks/metra_repr_stats.py: the losses against hand-computed numbers, the dual step,
-the one-hot skills, and tiny end-to-end runs (a few seconds each on a CPU)."""
+the one-hot skills, and tiny end-to-end runs of what only METRA has (what every agent shares is in
+test_agent_runs.py and test_command_line.py)."""
 
-import json
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+from conftest import FIVE_EPOCHS, load, read_evals, run_agent
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import metra
 
-import metra  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import metra_repr_stats  # noqa: E402
 
-TINY = ["--num-envs", "2", "--learning-starts", "400", "--grad-steps-per-epoch", "5", "--batch-size", "32",
-        "--hidden-dim", "32", "--buffer-size", "5000", "--no-cuda"]
-
-
-def run_metra(cwd, *flags):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, os.path.join(ROOT, "metra.py"), *flags], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def read_evals(cwd):
-    (run,) = os.listdir(os.path.join(cwd, "runs"))
-    with open(os.path.join(cwd, "runs", run, "eval.jsonl")) as f:
-        return os.path.join(cwd, "runs", run), [json.loads(line) for line in f]
+# one epoch of 2 trajectories, then 5 gradient steps
+TINY_ONE_EPOCH = ["--num-envs", "2", "--learning-starts", "400", "--grad-steps-per-epoch", "5", "--batch-size", "32",
+                  "--hidden-dim", "32", "--num-eval-skills", "4", "--no-cuda"]
 
 
 # ---------------------------------------------------------------- losses
@@ -52,6 +39,18 @@ def test_phi_loss_and_constraint_on_a_hand_batch():
     # dL/dΔφ_i = -(z_i - 2λΔφ_i)/3 where the constraint is active, -z_i/3 where it is capped at ε
     expected = [[(36 - 1) / 3, 48 / 3], [60 / 3, (60 - 1) / 3], [-1 / 3, 0.0]]
     assert dphi.grad.numpy() == pytest.approx(np.array(expected), abs=1e-4)
+
+
+@pytest.mark.parametrize("norm, sq_per_dim, expected", [
+    ("sum", [0.2, 0.2], 1e-3),  # ‖Δφ‖² = 0.4: slack, capped at ε
+    ("sum", [0.4995, 0.5], 5e-4),  # ‖Δφ‖² = 0.9995: 1 - ‖Δφ‖² is below ε, so it is the value
+    ("sum", [0.75, 0.75], -0.5),  # violated
+    ("mean", [0.75, 0.75], 1e-3),  # ‖Δφ‖²/d = 0.75: slack under the official averaged norm
+    ("mean", [1.5, 2.5], -1.0),
+])
+def test_constraint_on_a_batch_of_set_squared_norms(norm, sq_per_dim, expected):
+    dphi = torch.tensor([sq_per_dim], dtype=torch.float64).sqrt() * torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    assert metra.constraint(dphi, 1e-3, norm).item() == pytest.approx(expected, abs=1e-12)
 
 
 def test_constraint_norm_mean_divides_by_d():
@@ -95,13 +94,14 @@ def test_one_hot_reward_vector_for_k16():
     assert torch.equal(metra.skill_weights(z, discrete=False), z)  # continuous: r = Δφᵀz
 
 
-@pytest.mark.parametrize("k, counts", [(16, [3] * 16), (24, [2] * 24), (10, [5] * 8 + [4] * 2)])
-def test_evaluation_splits_the_48_rollouts_over_the_k_skills(k, counts):
-    skills = metra.eval_skills(k, True, None)
-    assert skills.shape == (48, k) and torch.all(skills.sum(1) == 1)
-    assert skills.sum(0).int().tolist() == counts  # 48 // K each, the remainder to the lowest indices
-    continuous = metra.eval_skills(3, False, torch.Generator().manual_seed(0))
-    assert continuous.shape == (48, 3) and continuous.norm(dim=1).numpy() == pytest.approx(np.ones(48), abs=1e-6)
+@pytest.mark.parametrize("n, k, counts", [(48, 16, [3] * 16), (48, 24, [2] * 24), (48, 10, [5] * 8 + [4] * 2),
+                                          (4, 16, [1] * 4 + [0] * 12)])
+def test_evaluation_splits_the_rollouts_over_the_k_skills(n, k, counts):
+    skills = metra.eval_skills(n, k, True, None)
+    assert skills.shape == (n, k) and torch.all(skills.sum(1) == 1)
+    assert skills.sum(0).int().tolist() == counts  # n // K each, the remainder to the lowest indices
+    continuous = metra.eval_skills(n, 3, False, torch.Generator().manual_seed(0))
+    assert continuous.shape == (n, 3) and continuous.norm(dim=1).numpy() == pytest.approx(np.ones(n), abs=1e-6)
 
 
 def test_sac_target_and_losses_on_a_hand_case():
@@ -135,68 +135,53 @@ def test_repr_stats_slope_matches_one_over_2d(tmp_path):
     assert "1/(2d)" in (tmp_path / "metra_repr_stats_Ant_0.md").read_text()
 
 
-# ---------------------------------------------------------------- end to end
-def test_smoke_run_crosses_an_update_and_an_evaluation(tmp_path):
-    out = run_metra(tmp_path, "--env-id", "Ant", "--total-env-steps", "400", "--eval-every", "1", "--save-repr-stats", *TINY)
-    assert out.returncode == 0, out.stderr
-    run_dir, evals = read_evals(tmp_path)
-    assert [e["epoch"] for e in evals] == [0, 1]
-    last = evals[-1]
-    assert last["grad_steps"] == 5 and evals[0]["lambda"] == pytest.approx(30.0)
-    for key in ("lambda", "constraint", "dphi_sq", "phi_loss", "qf_loss", "actor_loss", "alpha_loss", "lambda_loss",
-                "alpha", "sps", "ms_per_grad_step", "peak_rss_mb"):
-        assert math.isfinite(last[key]), key
-    assert last["constraint"] <= 1e-3 and last["lambda"] != 30.0  # one dual step per gradient step
-    ckpt = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=False)
-    assert ckpt["agent"] == "metra" and ckpt["epoch"] == 1
+# ---------------------------------------------------------------- end to end (what all agents share: test_agent_runs.py)
+def test_dual_run_reports_lambda_and_a_constraint_consistent_with_its_dphi(tiny_run):
+    run_dir, _ = tiny_run(metra, *FIVE_EPOCHS)
+    evals = read_evals(run_dir)
+    assert evals[0]["lambda"] == pytest.approx(30.0) and evals[-1]["lambda"] != pytest.approx(30.0, rel=1e-6)
+    for e in evals[1:]:
+        # c = min(1 - ‖Δφ‖², ε) is concave in ‖Δφ‖², so its mean lies below min(1 - E‖Δφ‖², ε) (Jensen)
+        assert e["constraint"] <= min(1 - e["dphi_sq"], 1e-3) + 1e-6, e
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    # 12 dual steps of Adam (lr 1e-4) move log λ by at most 12 lr
+    assert 0 < abs(ckpt["log_lam"].item() - math.log(30.0)) <= 12 * 1e-4 + 1e-7
+
+
+def test_metra_c_run_has_no_lambda_and_saves_repr_stats(tmp_path):
+    run_dir = run_agent(metra, tmp_path, "--repr-loss", "contrastive", "--total-env-steps", "400", "--eval-every", "1",
+                        "--save-repr-stats", "--num-negatives", "8", *TINY_ONE_EPOCH)
+    first, last = read_evals(run_dir)
+    assert "lambda" not in last and "lambda_loss" not in last and math.isfinite(last["logsumexp"])
+    assert last["grad_steps"] == 5
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    assert torch.equal(ckpt["log_lam"], torch.tensor(math.log(30.0)))  # λ is never stepped in METRA-C
     with np.load(os.path.join(run_dir, "repr_stats_0000000400.npz")) as f:
-        assert f["dphi"].shape == (400, 2)
+        assert f["dphi"].shape == (400, 2) and str(f["repr_loss"]) == "contrastive"
         assert f["dphi_minus_z"] == pytest.approx(f["dphi"] - f["z"])
         assert np.linalg.norm(f["dphi_unit"], axis=1) == pytest.approx(np.ones(400))
-    assert os.path.isfile(os.path.join(run_dir, "skills_0000000400.png"))
+        assert f["dphi_sq"].mean() == pytest.approx(last["dphi_sq"], rel=1e-5)  # the same 400 transitions
 
 
 def test_halfcheetah_one_hot_run(tmp_path):
-    out = run_metra(tmp_path, "--env-id", "HalfCheetah", "--total-env-steps", "400", "--eval-every", "1", *TINY)
-    assert out.returncode == 0, out.stderr
-    run_dir, evals = read_evals(tmp_path)
-    ckpt = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=False)
+    run_dir = run_agent(metra, tmp_path, "--env-id", "HalfCheetah", "--total-env-steps", "400", "--eval-every", "1",
+                        *TINY_ONE_EPOCH, "--num-eval-skills", "20")
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
     assert ckpt["args"]["discrete"] is True and ckpt["args"]["skill_dim"] == 16
     skills = ckpt["buffer"]["skills"]
     assert skills.shape == (2, 16) and np.all(skills.sum(1) == 1)  # one-hot, one per trajectory
+    evals = read_evals(run_dir)
     assert evals[-1]["grad_steps"] == 5 and math.isfinite(evals[-1]["lambda"])
-
-
-def test_resume_continues_the_same_run(tmp_path):
-    flags = ["--env-id", "Ant", "--eval-every", "1", *TINY]
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    assert run_metra(tmp_path / "a", "--total-env-steps", "800", *flags).returncode == 0
-    assert run_metra(tmp_path / "b", "--total-env-steps", "400", *flags).returncode == 0
-    run_dir, _ = read_evals(tmp_path / "b")
-    out = run_metra(tmp_path / "b", "--total-env-steps", "800", "--resume", os.path.join(run_dir, "checkpoint.pt"), *flags)
-    assert out.returncode == 0, out.stderr
-    (_, straight), (_, resumed) = read_evals(tmp_path / "a"), read_evals(tmp_path / "b")
-    timing = {"wall_time", "sps", "ms_per_grad_step", "peak_rss_mb"}
-    assert [{k: v for k, v in e.items() if k not in timing} for e in straight] == \
-           [{k: v for k, v in e.items() if k not in timing} for e in resumed]
-    (a,), (b,) = (os.listdir(tmp_path / x / "runs") for x in "ab")
-    ckpt_a, ckpt_b = (torch.load(tmp_path / x / "runs" / r / "checkpoint.pt", weights_only=False) for x, r in (("a", a), ("b", b)))
-    for name in ("phi", "qf1", "qf2_target", "actor"):
-        for key, value in ckpt_a[name].items():
-            assert torch.equal(value, ckpt_b[name][key]), (name, key)
-    assert torch.equal(ckpt_a["log_lam"], ckpt_b["log_lam"]) and torch.equal(ckpt_a["log_alpha"], ckpt_b["log_alpha"])
+    assert 1 <= evals[-1]["coverage"] <= 20 * 201
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--env-id", "Foo"], "unknown --env-id 'Foo'"),
-    (["--skill-dim", "0"], "--skill-dim must be positive"),
-    (["--env-id", "HalfCheetah", "--repr-loss", "contrastive"], "needs unit-sphere skills"),
-    (["--resume", "csf_checkpoint.pt"], "is a csf checkpoint, not a metra one"),
+    (["--env-id", "HalfCheetah", "--repr-loss", "contrastive"],
+     "--repr-loss contrastive needs unit-sphere skills; add --discrete False --skill-dim D"),
+    (["--discrete", "True"], "the paper has no one-hot METRA skills on Ant; give --skill-dim too"),
+    (["--discrete", "True", "--skill-dim", "1"], "one-hot skills need --skill-dim K >= 2, got 1"),
 ])
-def test_bad_input_gives_one_line_and_no_traceback(tmp_path, flags, message):
-    torch.save({"agent": "csf", "args": {"env_id": "Ant"}}, tmp_path / "csf_checkpoint.pt")
-    out = run_metra(tmp_path, *flags)
-    assert out.returncode != 0
-    assert "Traceback" not in out.stderr
-    assert out.stderr.strip().count("\n") == 0 and message in out.stderr
+def test_bad_skill_settings_are_one_line(flags, message):
+    with pytest.raises(SystemExit) as stop:
+        metra.parse_args(flags)
+    assert str(stop.value.code) == f"metra.py: error: {message}"

@@ -1,5 +1,6 @@
 """The state-based worlds (spec §3.1-3.2, §1.10) and the coverage metric (spec §4.2)."""
 
+import gymnasium as gym
 import mujoco
 import numpy as np
 import pytest
@@ -86,3 +87,21 @@ def test_goal_observation_is_a_reset_state_moved_to_the_goal():
     obs = env.goal_observation(goal)
     assert np.allclose(obs[:2] * (env.obs_std[:2] + 1e-8) + env.obs_mean[:2], goal, atol=1e-4)
     assert abs(env.data.qpos[2] - env.model.qpos0[2]) <= 0.1  # the rest is the fresh reset pose
+
+
+def test_vector_env_without_autoreset_returns_the_final_observation_and_refuses_to_step_on():
+    """The agents' contract with gymnasium: with autoreset DISABLED, the step that hits the time limit returns that
+    trajectory's final observation, and stepping a finished env fails loudly instead of resetting it."""
+    vector = gym.vector.SyncVectorEnv([lambda: envs.make_env("Ant") for _ in range(2)],
+                                      autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+    vector.reset(seed=0)
+    actions = np.zeros((2, 8), np.float32)
+    for t in range(envs.ENV_SPECS["Ant"].horizon):
+        obs, _, terminated, truncated, _ = vector.step(actions)
+        assert not terminated.any() and truncated.all() == (t == envs.ENV_SPECS["Ant"].horizon - 1)
+    for i, env in enumerate(vector.envs):
+        assert np.array_equal(obs[i], env.unwrapped._obs())  # the state the time limit stopped at
+    with pytest.raises(AssertionError):
+        vector.step(actions)
+    first, _ = vector.reset()
+    assert not np.array_equal(first, obs)

@@ -1,0 +1,182 @@
+"""Every agent end to end with tiny sizes, in this process: a smoke run that crosses gradient updates, evaluations and
+checkpoints; the same seed gives the same numbers; a run resumed from a checkpoint between two evaluations continues
+exactly like the uninterrupted one; a NaN stops the run and leaves a checkpoint it can resume from; pixels;
+--track (W&B offline) and --capture-video from the shell."""
+
+import glob
+import itertools
+import math
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import imageio.v2 as imageio
+import numpy as np
+import pytest
+import torch
+from conftest import (AGENTS, FIVE_EPOCHS, assert_same_state, checkpoint_copies, load, name, read_evals, run_agent,
+                      without_timing)
+
+import envs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HORIZON = 200
+# what each agent reports, besides coverage, E‖Δφ‖² and the timings
+DIAGNOSTICS = {"csf": ("phi_loss", "psi_loss", "actor_loss", "alpha_loss", "logsumexp", "alpha"),
+               "metra": ("phi_loss", "qf_loss", "actor_loss", "alpha_loss", "reward", "batch_constraint", "alpha",
+                         "lambda_loss", "lambda", "constraint")}
+# the φ loss of each agent: (module function, returns (loss, ...)), poisoned by the NaN test
+PHI_LOSS = {"csf": "contrastive_phi_loss", "metra": "metra_phi_loss"}
+NETWORKS = {"csf": ("phi", "psi1", "psi2", "psi1_target", "psi2_target", "actor"),
+            "metra": ("phi", "qf1", "qf2", "qf1_target", "qf2_target", "actor")}
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_smoke_run_crosses_updates_evaluations_and_checkpoints(agent, tiny_run):
+    run_dir, copies = tiny_run(agent, *FIVE_EPOCHS)
+    lines = read_evals(run_dir)
+    assert [line["epoch"] for line in lines] == [0, 2, 4, 5]
+    assert [line["env_steps"] for line in lines] == [0, 800, 1600, 2000]
+    assert [line["grad_steps"] for line in lines] == [0, 3, 9, 12]  # updates start once 800 transitions are stored
+    for line in lines:
+        assert all(math.isfinite(value) for value in line.values()), line
+        assert 1 <= line["coverage"] <= 4 * (HORIZON + 1)  # 4 rollouts of 201 positions, 1×1 cells
+    # untrained, the actions are near 0 and each ant stays by its start, within 0.1 of the origin: 4 cells around it
+    assert lines[0]["coverage"] <= 8
+    for key in (*DIAGNOSTICS[name(agent)], "dphi_sq", "sps", "ms_per_grad_step", "peak_rss_mb"):
+        assert key in lines[-1], key
+    files = os.listdir(run_dir)
+    assert {f"skills_{steps:010d}.png" for steps in (0, 800, 1600, 2000)} <= set(files)
+    assert any(f.startswith("events.out.tfevents") for f in files)
+    assert sorted(copies) == [3, 5]  # --checkpoint-every 3, and the last epoch
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    assert ckpt["agent"] == name(agent) and ckpt["epoch"] == 5 and ckpt["grad_steps"] == 12
+    assert ckpt["buffer"]["num_stored"] == 10 and ckpt["args"]["hidden_dim"] == 16  # 10 trajectories of 200 steps
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_same_seed_same_numbers(agent, tiny_run, tmp_path):
+    first, _ = tiny_run(agent, *FIVE_EPOCHS)
+    second = run_agent(agent, tmp_path, *FIVE_EPOCHS)
+    assert without_timing(read_evals(second)) == without_timing(read_evals(first))
+    assert_same_state(load(os.path.join(second, "checkpoint.pt")), load(os.path.join(first, "checkpoint.pt")))
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_resume_between_evaluations_with_resume_alone_continues_exactly(agent, tiny_run, tmp_path):
+    """The epoch-3 checkpoint lies between the evaluations at 2 and 4; `--resume PATH` with no other flag must
+    continue with the run's own flags (not the defaults) and reproduce epochs 4 and 5 exactly."""
+    uninterrupted, copies = tiny_run(agent, *FIVE_EPOCHS)
+    # the run directory as it was when the epoch-3 checkpoint had just been written, as after a crash
+    run_dir = tmp_path / "runs" / os.path.basename(uninterrupted)
+    run_dir.mkdir(parents=True)
+    (run_dir / "checkpoint.pt").write_bytes(copies[3])
+    lines = read_evals(uninterrupted)
+    (run_dir / "eval.jsonl").write_text("".join(
+        line for line, parsed in zip(open(os.path.join(uninterrupted, "eval.jsonl")), lines) if parsed["epoch"] <= 3))
+    args, ckpt = agent.parse_args(["--resume", str(run_dir / "checkpoint.pt")])
+    assert args.hidden_dim == 16 and args.total_env_steps == 2000 and ckpt["epoch"] == 3
+    assert ckpt["since_eval"]["grad_steps"] == 3  # epoch 2's updates, not yet reported
+    assert run_agent(agent, tmp_path, "--resume", str(run_dir / "checkpoint.pt")) == str(run_dir)
+    assert without_timing(read_evals(run_dir)) == without_timing(lines)  # epochs 4 and 5: same losses and metrics
+    # every network, optimizer, RNG stream and the buffer
+    assert_same_state(load(run_dir / "checkpoint.pt"), load(os.path.join(uninterrupted, "checkpoint.pt")))
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_nan_stops_the_run_and_leaves_a_checkpoint_it_resumes_from(agent, tiny_run, tmp_path, monkeypatch):
+    """A NaN φ loss from gradient step 4 on (the first of epoch 2): one line, and the epoch-2 checkpoint untouched
+    on disk; resumed from it, the run matches the uninterrupted one (checkpoint periods change no number)."""
+    real_loss, calls = getattr(agent, PHI_LOSS[name(agent)]), itertools.count(1)
+
+    def poisoned(*inputs):
+        loss, *rest = real_loss(*inputs)
+        return (loss * math.nan if next(calls) >= 4 else loss), *rest
+
+    flags = [*FIVE_EPOCHS, "--checkpoint-every", "1"]
+    with checkpoint_copies() as copies, monkeypatch.context() as patch:
+        patch.setattr(agent, PHI_LOSS[name(agent)], poisoned)
+        with pytest.raises(SystemExit) as stop:
+            run_agent(agent, tmp_path, *flags)
+    message = str(stop.value.code)
+    assert "\n" not in message
+    assert message.startswith(f"{name(agent)}.py: error: phi_loss is nan at gradient step 4 (epoch 2)")
+    (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
+    assert sorted(copies) == [1, 2]
+    with open(os.path.join(run_dir, "checkpoint.pt"), "rb") as f:
+        assert f.read() == copies[2]  # byte for byte the one written before the bad update
+    run_agent(agent, tmp_path, "--resume", os.path.join(run_dir, "checkpoint.pt"))
+    uninterrupted, _ = tiny_run(agent, *FIVE_EPOCHS)
+    assert without_timing(read_evals(run_dir)) == without_timing(read_evals(uninterrupted))
+    resumed, straight = load(os.path.join(run_dir, "checkpoint.pt")), load(os.path.join(uninterrupted, "checkpoint.pt"))
+    for network in NETWORKS[name(agent)]:
+        assert_same_state(resumed[network], straight[network], network)
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_buffer_stores_the_final_observation_of_every_trajectory(agent, tmp_path, monkeypatch):
+    """s' of a trajectory's last step is the observation the time limit ended it with, never a reset one (what a
+    vector env that resets on its own, or a time limit off by one, would leave)."""
+    made = []
+
+    class KeepFinal(gym.Wrapper):
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            if truncated:
+                self.finals.append(obs.copy())
+            return obs, reward, terminated, truncated, info
+
+    def make_env(*args, **kwargs):
+        made.append(KeepFinal(real_make_env(*args, **kwargs)))
+        made[-1].finals = []
+        return made[-1]
+
+    real_make_env = envs.make_env
+    monkeypatch.setattr(envs, "make_env", make_env)
+    run_dir = run_agent(agent, tmp_path, "--total-env-steps", "1200", "--grad-steps-per-epoch", "0",
+                        "--num-envs", "2", "--num-eval-skills", "1", "--hidden-dim", "8", "--no-cuda")
+    frames = load(os.path.join(run_dir, "checkpoint.pt"))["buffer"]["frames"]  # (trajectories, 201, obs)
+    train_envs = made[:2]  # made first, before the evaluation env
+    for epoch in range(3):
+        for i, env in enumerate(train_envs):
+            assert np.array_equal(frames[2 * epoch + i, HORIZON], env.finals[epoch]), (epoch, i)
+            assert not np.array_equal(frames[2 * epoch + i, HORIZON], frames[2 * epoch + i, 0])
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_pixel_smoke_run_crosses_an_update_and_an_evaluation(agent, tmp_path):
+    # 1 epoch of 2 Quadruped trajectories: evaluation at epoch 0, 2 gradient steps on stacked frames, the last evaluation
+    run_dir = run_agent(agent, tmp_path, "--env-id", "Quadruped", "--total-env-steps", "400", "--learning-starts", "400",
+                        "--num-envs", "2", "--grad-steps-per-epoch", "2", "--batch-size", "4", "--hidden-dim", "16",
+                        "--buffer-size", "400", "--num-eval-skills", "2", "--no-cuda")
+    first, last = read_evals(run_dir)
+    assert (first["grad_steps"], last["grad_steps"], last["env_steps"]) == (0, 2, 400)
+    assert all(math.isfinite(value) for value in last.values()) and "phi_loss" in last and "dphi_sq" in last
+    assert 1 <= last["coverage"] <= 2 * (HORIZON + 1)
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    assert ckpt["buffer"]["frames"].shape == (2, 201, 64, 64, 3)  # one uint8 frame per step, stacks rebuilt
+    for network in ("phi", NETWORKS[name(agent)][1], "actor"):  # every network owns its CNN
+        assert any(key.startswith("encoder.") for key in ckpt[network]), network
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_track_offline_and_capture_video_from_the_shell(agent, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, f"{name(agent)}.py"), "--total-env-steps", "400",
+                           "--learning-starts", "400", "--num-envs", "2", "--grad-steps-per-epoch", "1",
+                           "--batch-size", "8", "--hidden-dim", "8", "--num-eval-skills", "2", "--track",
+                           "--capture-video", "--no-cuda"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
+    for steps in (0, 400):  # epoch 0 and the last: reset + 200 steps, 2 skills side by side at 128×128
+        with imageio.get_reader(os.path.join(run_dir, "videos", f"skills_{steps:010d}.mp4")) as video:
+            assert video.count_frames() == HORIZON + 1 and video.get_meta_data()["size"] == (256, 128)
+    (offline,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+    with open(offline, "rb") as f:
+        logged = f.read()
+    for metric in (b"charts/SPS", b"eval/coverage", b"losses/phi_loss"):
+        assert metric in logged, metric
+    assert torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=False)["args"]["track"] is True

@@ -1,0 +1,137 @@
+"""Every agent's command line: every numeric flag is checked against its range, bad input of any kind ends in one
+line and a non-zero exit (never a traceback, never a silent run), and --resume continues a run with its own flags.
+Checked in this process on `parse_args`; one subprocess per agent shows what reaches the terminal."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from typing import Optional
+
+import pytest
+import torch
+from conftest import AGENTS, FIVE_EPOCHS, name
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NUMERIC = (int, float, Optional[int], Optional[float])
+
+
+def rejects(agent, argv):
+    """The one-line message with which parse_args refuses argv."""
+    with pytest.raises(SystemExit) as stop:
+        agent.parse_args(argv)
+    message = str(stop.value.code)
+    assert "\n" not in message and message.startswith(f"{name(agent)}.py: error: "), message
+    return message
+
+
+def outside(interval):
+    """Values just outside an interval written like "[0, 1)"; NaN and inf are outside every range."""
+    low, high = (float(end) for end in interval[1:-1].split(","))
+    values = [low - 1, low] if interval[0] == "(" else [low - 1]
+    if high != float("inf"):
+        values += [high] if interval[-1] == ")" else [high + 1]
+    return values
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_every_numeric_flag_has_a_range(agent):
+    numeric = {field.name for field in dataclasses.fields(agent.Args) if field.type in NUMERIC}
+    assert numeric == set(agent.FLAG_RANGES)
+
+
+@pytest.mark.parametrize("agent, flag", [(a, f) for a in AGENTS for f in a.FLAG_RANGES], ids=lambda x: getattr(x, "__name__", x))
+def test_a_value_outside_a_flag_range_is_one_line_naming_the_flag_and_range(agent, flag):
+    interval = agent.FLAG_RANGES[flag]
+    is_float = {field.name: field.type for field in dataclasses.fields(agent.Args)}[flag] in (float, Optional[float])
+    values = outside(interval) + ([float("nan"), float("inf")] if is_float else [])
+    option = "--" + flag.replace("_", "-")
+    for value in values:
+        text = repr(value) if is_float else str(int(value))
+        message = rejects(agent, [f"{option}={text}"])
+        assert f"{option} must be in {interval}, got " in message, message
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_the_edges_that_mean_something_are_accepted(agent):
+    args, _ = agent.parse_args(["--gamma", "0", "--tau", "1", "--xi", "0", "--seed", "0", "--grad-steps-per-epoch", "0",
+                                "--learning-starts", "0", "--num-eval-skills", "1"])
+    assert (args.gamma, args.tau, args.xi, args.seed, args.grad_steps_per_epoch) == (0, 1, 0, 0, 0)
+    args, _ = agent.parse_args(["--total-env-steps", "1600", "--buffer-size", "1600", "--learning-starts", "1600"])
+    assert args.total_env_steps == 1600  # exactly one epoch of 8 × 200 steps, learning after it
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+@pytest.mark.parametrize("argv, message", [
+    (["--env-id", "Hopper"], "unknown --env-id 'Hopper'; choose one of Ant, HalfCheetah, Quadruped, Humanoid"),
+    (["--skill-dim", "0"], "--skill-dim must be in [1, inf), got 0"),
+    (["--gamma", "1"], "--gamma must be in [0, 1), got 1.0"),
+    (["--tau", "0"], "--tau must be in (0, 1], got 0.0"),
+    (["--total-env-steps", "1000"], "--total-env-steps must cover one epoch (--num-envs × 200 = 1600 env steps), got 1000"),
+    (["--buffer-size", "1000"], "--buffer-size must hold one epoch (--num-envs × 200 = 1600 transitions), got 1000"),
+    (["--total-env-steps", "5000"], "--learning-starts must be at most --total-env-steps and --buffer-size"),
+    (["--buffer-size", "1700", "--learning-starts", "1700"], "--learning-starts must be at most"),  # 8 whole trajectories
+    (["--resume", "no/such/file.pt"], "no checkpoint file at no/such/file.pt"),
+])
+def test_bad_input_is_one_line(agent, argv, message):
+    assert message in rejects(agent, argv)
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_a_file_that_is_no_checkpoint_of_this_agent_is_one_line(agent, tmp_path):
+    other = "metra" if name(agent) == "csf" else "csf"
+    torch.save({"agent": other, "args": {"env_id": "Ant"}}, tmp_path / "other.pt")
+    assert rejects(agent, ["--resume", str(tmp_path / "other.pt")]).endswith(
+        f"{tmp_path / 'other.pt'} is a {other} checkpoint, not a {name(agent)} one")
+    (tmp_path / "notes.txt").write_text("hello")
+    assert "notes.txt is not a readable checkpoint" in rejects(agent, ["--resume", str(tmp_path / "notes.txt")])
+    torch.save({"weights": 1}, tmp_path / "plain.pt")
+    assert rejects(agent, ["--resume", str(tmp_path / "plain.pt")]).endswith("plain.pt is not a cleanmisl checkpoint")
+    torch.save({"agent": name(agent), "args": {"env_id": "Ant", "bogus_flag": 1}}, tmp_path / "future.pt")
+    assert "another version" in rejects(agent, ["--resume", str(tmp_path / "future.pt")])
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_resume_keeps_the_run_flags_and_refuses_a_conflict(agent, tiny_run):
+    run_dir, _ = tiny_run(agent, *FIVE_EPOCHS)
+    path = os.path.join(run_dir, "checkpoint.pt")  # epoch 5 of 5, --hidden-dim 16, --num-envs 2
+    # what does not change the learning problem may change: the budget, periods, device, tracking, video
+    args, ckpt = agent.parse_args(["--resume", path, "--total-env-steps", "4000", "--eval-every", "3",
+                                   "--checkpoint-every", "7", "--cuda", "--track", "--capture-video"])
+    assert (args.total_env_steps, args.eval_every, args.checkpoint_every, args.cuda, args.track, args.capture_video) \
+        == (4000, 3, 7, True, True, True)
+    assert args.hidden_dim == 16 and args.num_envs == 2 and args.resume == path and ckpt["epoch"] == 5
+    # a flag of the learning problem may be typed again with its value, and is refused with another, naming both
+    assert agent.parse_args(["--resume", path, "--total-env-steps", "2400", "--hidden-dim", "16"])[0].hidden_dim == 16
+    assert rejects(agent, ["--resume", path, "--total-env-steps", "2400", "--hidden-dim", "32"]).endswith(
+        f"{path} was trained with --hidden-dim 16, not 32")
+    assert rejects(agent, ["--resume", path, "--env-id", "HalfCheetah"]).endswith(
+        f"{path} was trained with --env-id Ant, not HalfCheetah")
+    assert rejects(agent, ["--resume", path, "--seed", "2"]).endswith(f"{path} was trained with --seed 1, not 2")
+    # the run is finished at its budget: continuing needs a larger one
+    assert rejects(agent, ["--resume", path]).endswith(
+        f"{path} has already trained for 2000 env steps; give a larger --total-env-steps to continue it")
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_from_the_shell_a_bad_value_is_one_line_without_traceback(agent, tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, f"{name(agent)}.py"), "--gamma", "1.5"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == f"{name(agent)}.py: error: --gamma must be in [0, 1), got 1.5\n"
+    assert not os.path.exists(tmp_path / "runs")  # refused before anything was written
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_pixel_env_without_opengl_is_one_line_naming_the_package(agent, tmp_path):
+    # hide libOSMesa from this process, as on a machine without the system package
+    script = ("import ctypes.util, runpy, sys\n"
+              "find = ctypes.util.find_library\n"
+              "ctypes.util.find_library = lambda name: None if name == 'OSMesa' else find(name)\n"
+              f"sys.argv = ['{name(agent)}.py', '--env-id', 'Humanoid', '--no-cuda']\n"
+              f"runpy.run_path({os.path.join(ROOT, name(agent) + '.py')!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MUJOCO_GL": "osmesa", "PYTHONPATH": ROOT})
+    assert proc.returncode != 0
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"{name(agent)}.py: error: cannot render") and "libosmesa6" in line
