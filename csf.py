@@ -47,6 +47,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from torch.profiler import record_function
 from torch.utils.tensorboard import SummaryWriter
 
 import envs
@@ -112,6 +113,9 @@ class Args:
     """Adam learning rate of φ, ψ, π and log α"""
     alpha_init: float = 0.01
     """initial entropy temperature α (tuned automatically towards entropy -|A|/2)"""
+    compile: bool = False
+    """torch.compile the three losses (forward and backward) and fuse each Adam step (same numbers as eager up to
+    float rounding)"""
 
 
 # Every numeric flag and the values that mean something ("[" closed end, "(" open end); NaN is never inside.
@@ -124,7 +128,7 @@ FLAG_RANGES = {
 }
 # What --resume may change: neither the learning problem nor the random streams depend on these.
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "track",
-                     "wandb_project_name", "wandb_entity", "capture_video")
+                     "wandb_project_name", "wandb_entity", "capture_video", "compile")
 
 
 def error(message):
@@ -415,10 +419,13 @@ def main(args, ckpt=None):
     actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
     log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
     target_entropy = -action_dim / 2  # the official code halves the usual -|A| (spec §1.7)
-    phi_optimizer = torch.optim.Adam(phi.parameters(), lr=args.lr)
-    psi_optimizer = torch.optim.Adam(list(psi1.parameters()) + list(psi2.parameters()), lr=args.lr)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.lr)
-    alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.lr)
+    adam = {"lr": args.lr, "fused": args.compile}  # fused: one kernel per optimizer step, equal up to rounding
+    phi_optimizer = torch.optim.Adam(phi.parameters(), **adam)
+    psi_params, psi_target_params = [*psi1.parameters(), *psi2.parameters()], [*psi1_target.parameters(),
+                                                                              *psi2_target.parameters()]
+    psi_optimizer = torch.optim.Adam(psi_params, **adam)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
+    alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
     rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng)
     modules = {"phi": phi, "psi1": psi1, "psi2": psi2, "psi1_target": psi1_target, "psi2_target": psi2_target,
                "actor": actor, "phi_optimizer": phi_optimizer, "psi_optimizer": psi_optimizer,
@@ -461,6 +468,7 @@ def main(args, ckpt=None):
         os.replace(path + ".tmp", path)  # atomic: a crash mid-write leaves the previous checkpoint intact
 
     @torch.no_grad()
+    @record_function("evaluation")
     def evaluate(epoch, epoch_stats):
         """Deterministic rollouts with fresh skills → coverage, skill plot, E‖Δφ‖², one line of eval.jsonl."""
         skills = sample_skills(args.num_eval_skills, d, eval_generator)
@@ -503,44 +511,59 @@ def main(args, ckpt=None):
             f"{k} {result[k]:.4g}" for k in ("dphi_sq", *epoch_stats) if k in result), flush=True)
 
     # ------------------------------------------------------------ one gradient step (spec §2.1, §7)
-    def update(batch):
-        obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
+    # Each loss is a function of the batch alone, so that --compile can compile it (forward and backward);
+    # the optimizer steps between them stay eager.
+    def phi_objective(obs, next_obs, skill, negatives):
+        """The φ step's loss: the negative contrastive lower bound, and its log-sum-exp term."""
+        return contrastive_phi_loss(phi(next_obs) - phi(obs), skill, negatives, args.xi)
 
-        # φ step on the contrastive lower bound
-        negatives = sample_skills(args.num_negatives, d).to(device)  # z'_j ~ p(z), fresh each step, shared by the batch
-        phi_loss, logsumexp = contrastive_phi_loss(phi(next_obs) - phi(obs), skill, negatives, args.xi)
-        phi_optimizer.zero_grad()
-        phi_loss.backward()
-        phi_optimizer.step()
-
-        # ψ step. L(ψ) = E[(ψ(s, a, z) - (φ(s') - φ(s) + γ ψ̄(s', a', z)))²], a' ~ π(·|s', z)   (paper §5.2, Alg. 1)
+    def psi_objective(obs, action, next_obs, skill):
+        """L(ψ) = E[(ψ(s, a, z) - (φ(s') - φ(s) + γ ψ̄(s', a', z)))²], a' ~ π(·|s', z)   (paper §5.2, Alg. 1)"""
         with torch.no_grad():
             next_action, _ = actor.sample(next_obs, skill)  # the cumulant Δφ comes from the φ just updated
             target = successor_feature_target(phi(next_obs) - phi(obs), psi1_target(next_obs, skill, next_action),
                                               psi2_target(next_obs, skill, next_action), skill, args.gamma)
-        psi_loss = F.mse_loss(psi1(obs, skill, action), target) + F.mse_loss(psi2(obs, skill, action), target)
-        psi_optimizer.zero_grad()
-        psi_loss.backward()
-        psi_optimizer.step()
-        with torch.no_grad():
-            for net, target_net in ((psi1, psi1_target), (psi2, psi2_target)):
-                for p, p_target in zip(net.parameters(), target_net.parameters()):
-                    p_target.lerp_(p, args.tau)  # ψ̄ ← (1 - τ) ψ̄ + τ ψ
+        return F.mse_loss(psi1(obs, skill, action), target) + F.mse_loss(psi2(obs, skill, action), target)
 
-        # π step. L(π) = E[α log π(a|s,z) - min_k ψ_k(s, a, z)ᵀz], a ~ π(·|s, z)   (paper Alg. 1 plus the SAC entropy)
-        alpha = log_alpha.exp().detach()
+    def actor_objective(obs, skill, alpha):
+        """L(π) = E[α log π(a|s,z) - min_k ψ_k(s, a, z)ᵀz], a ~ π(·|s, z)   (paper Alg. 1 plus the SAC entropy)"""
         new_action, log_prob = actor.sample(obs, skill)
         q = torch.min((psi1(obs, skill, new_action) * skill).sum(-1), (psi2(obs, skill, new_action) * skill).sum(-1))
-        actor_loss = (alpha * log_prob - q).mean()
-        actor_optimizer.zero_grad()
-        actor_loss.backward()
-        actor_optimizer.step()
+        return (alpha * log_prob - q).mean(), log_prob
 
-        # α step towards the target entropy
-        alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
-        alpha_optimizer.zero_grad()
-        alpha_loss.backward()
-        alpha_optimizer.step()
+    if args.compile:
+        torch._inductor.config.fallback_random = True  # eager's random draws, so only the float rounding differs
+        phi_objective, psi_objective, actor_objective = map(torch.compile, (phi_objective, psi_objective,
+                                                                           actor_objective))
+
+    def update(batch):
+        obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
+        with record_function("phi step"):  # on the contrastive lower bound
+            negatives = sample_skills(args.num_negatives, d).to(device)  # z'_j ~ p(z), fresh each step, for the batch
+            phi_loss, logsumexp = phi_objective(obs, next_obs, skill, negatives)
+            phi_optimizer.zero_grad()
+            phi_loss.backward()
+            phi_optimizer.step()
+        with record_function("psi step"):  # then the target networks: ψ̄ ← (1 - τ) ψ̄ + τ ψ, every tensor in one call
+            psi_loss = psi_objective(obs, action, next_obs, skill)
+            psi_optimizer.zero_grad()
+            psi_loss.backward()
+            psi_optimizer.step()
+            with torch.no_grad():
+                torch._foreach_lerp_(psi_target_params, psi_params, args.tau)
+        with record_function("actor step"):  # the gradient flows through ψ to the action, none into ψ's weights
+            alpha = log_alpha.exp().detach()
+            psi1.requires_grad_(False), psi2.requires_grad_(False)
+            actor_loss, log_prob = actor_objective(obs, skill, alpha)
+            actor_optimizer.zero_grad()
+            actor_loss.backward()
+            actor_optimizer.step()
+            psi1.requires_grad_(True), psi2.requires_grad_(True)
+        with record_function("alpha step"):  # towards the target entropy
+            alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
+            alpha_optimizer.zero_grad()
+            alpha_loss.backward()
+            alpha_optimizer.step()
         return torch.stack([phi_loss, psi_loss, actor_loss, alpha_loss, logsumexp, alpha]).detach()
 
     stat_names = ("phi_loss", "psi_loss", "actor_loss", "alpha_loss", "logsumexp", "alpha")
@@ -567,7 +590,7 @@ def main(args, ckpt=None):
         skills = sample_skills(args.num_envs, d).to(device)
         obs, _ = train_envs.reset()
         observations, actions = [obs], []
-        with torch.no_grad():
+        with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
                 action = actor.sample(torch.as_tensor(obs, device=device), skills)[0].cpu().numpy()
                 obs, _, terminated, truncated, _ = train_envs.step(action)
@@ -582,7 +605,12 @@ def main(args, ckpt=None):
         # train
         if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
             train_start = time.time()
-            losses = torch.stack([update(rb.sample(args.batch_size, device)) for _ in range(args.grad_steps_per_epoch)])
+            losses = []
+            for _ in range(args.grad_steps_per_epoch):
+                with record_function("sampling"):
+                    batch = rb.sample(args.batch_size, device)
+                losses.append(update(batch))
+            losses = torch.stack(losses)
             bad = ~torch.isfinite(losses[:, :4])
             if bad.any():
                 step, which = bad.nonzero()[0].tolist()

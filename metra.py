@@ -67,6 +67,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from torch.profiler import record_function
 from torch.utils.tensorboard import SummaryWriter
 
 import envs
@@ -147,6 +148,9 @@ class Args:
     """Adam learning rate of φ, Q, π and log α"""
     alpha_init: float = 0.01
     """initial entropy temperature α (tuned automatically towards entropy -|A|/2)"""
+    compile: bool = False
+    """torch.compile the three losses (forward and backward) and fuse each Adam step (same numbers as eager up to
+    float rounding)"""
 
 
 # Every numeric flag and the values that mean something ("[" closed end, "(" open end); NaN is never inside.
@@ -160,7 +164,7 @@ FLAG_RANGES = {
 }
 # What --resume may change: neither the learning problem nor the random streams depend on these.
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "track",
-                     "wandb_project_name", "wandb_entity", "capture_video", "save_repr_stats")
+                     "wandb_project_name", "wandb_entity", "capture_video", "save_repr_stats", "compile")
 
 
 def error(message):
@@ -522,11 +526,14 @@ def main(args, ckpt=None):
     log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
     log_lam = torch.tensor(math.log(args.dual_lam), device=device, requires_grad=True)  # never stepped in METRA-C
     target_entropy = -action_dim / 2  # the official code halves the usual -|A| (spec §1.7)
-    phi_optimizer = torch.optim.Adam(phi.parameters(), lr=args.lr)
-    qf_optimizer = torch.optim.Adam(list(qf1.parameters()) + list(qf2.parameters()), lr=args.lr)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.lr)
-    alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.lr)
-    lam_optimizer = torch.optim.Adam([log_lam], lr=args.dual_lr)
+    adam = {"lr": args.lr, "fused": args.compile}  # fused: one kernel per optimizer step, equal up to rounding
+    phi_optimizer = torch.optim.Adam(phi.parameters(), **adam)
+    qf_params, qf_target_params = [*qf1.parameters(), *qf2.parameters()], [*qf1_target.parameters(),
+                                                                          *qf2_target.parameters()]
+    qf_optimizer = torch.optim.Adam(qf_params, **adam)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
+    alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
+    lam_optimizer = torch.optim.Adam([log_lam], **{**adam, "lr": args.dual_lr})
     rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng)
     modules = {"phi": phi, "qf1": qf1, "qf2": qf2, "qf1_target": qf1_target, "qf2_target": qf2_target,
                "actor": actor, "phi_optimizer": phi_optimizer, "qf_optimizer": qf_optimizer,
@@ -571,6 +578,7 @@ def main(args, ckpt=None):
         os.replace(path + ".tmp", path)  # atomic: a crash mid-write leaves the previous checkpoint intact
 
     @torch.no_grad()
+    @record_function("evaluation")
     def evaluate(epoch, epoch_stats):
         """Deterministic rollouts → coverage, skill plot, E‖Δφ‖², constraint, λ, one line of eval.jsonl."""
         skills = eval_skills(args.num_eval_skills, d, args.discrete, eval_generator)
@@ -625,55 +633,69 @@ def main(args, ckpt=None):
               + " | ".join(f"{k} {result[k]:.4g}" for k in shown if k in result))
 
     # ------------------------------------------------------------ one gradient step (spec §1.5, §2.2)
-    def update(batch):
-        obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
-        weights = skill_weights(skill, args.discrete)  # z, or m for one-hot skills
-        alpha = log_alpha.exp().detach()
-
-        # φ step, then (METRA) the dual step on log λ
+    # Each loss is a function of the batch alone, so that --compile can compile it (forward and backward);
+    # the optimizer steps between them stay eager.
+    def phi_objective(obs, next_obs, weights, negatives):
+        """The φ step's loss, the per-sample constraint terms c (which the λ step uses) and METRA-C's log-sum-exp."""
         dphi = phi(next_obs) - phi(obs)
         if contrastive:
-            negatives = sample_skills(args.num_negatives, d).to(device)  # z'_j ~ p(z), fresh each step
             phi_loss, logsumexp = contrastive_phi_loss(dphi, weights, negatives, args.xi)
-            c = constraint(dphi.detach(), args.dual_slack, args.constraint_norm)  # logged only
-        else:
-            phi_loss, c = metra_phi_loss(dphi, weights, log_lam, args.dual_slack, args.constraint_norm)
-        phi_optimizer.zero_grad()
-        phi_loss.backward()
-        phi_optimizer.step()
-        if not contrastive:
-            lam_loss = dual_loss(log_lam, c)
-            lam_optimizer.zero_grad()
-            lam_loss.backward()
-            lam_optimizer.step()
+            return phi_loss, constraint(dphi.detach(), args.dual_slack, args.constraint_norm), logsumexp  # c: logged
+        return *metra_phi_loss(dphi, weights, log_lam, args.dual_slack, args.constraint_norm), None
 
-        # Q step on r = Δφᵀz from the φ just updated
+    def qf_objective(obs, action, next_obs, skill, weights, alpha):
+        """The Q step's loss on r = Δφᵀz from the φ just updated, and the rewards."""
         with torch.no_grad():
             reward = intrinsic_reward(phi(next_obs) - phi(obs), weights)
             next_action, next_log_prob = actor.sample(next_obs, skill)
             target = critic_target(reward, qf1_target(next_obs, skill, next_action),
                                    qf2_target(next_obs, skill, next_action), next_log_prob, alpha, args.gamma)
-        qf_loss = critic_loss(qf1(obs, skill, action), qf2(obs, skill, action), target)
-        qf_optimizer.zero_grad()
-        qf_loss.backward()
-        qf_optimizer.step()
+        return critic_loss(qf1(obs, skill, action), qf2(obs, skill, action), target), reward
 
-        # π step, α step
+    def actor_objective(obs, skill, alpha):
+        """The π step's loss, and log π(a|s, z) of its actions for the α step."""
         new_action, log_prob = actor.sample(obs, skill)
-        pi_loss = actor_loss(log_prob, qf1(obs, skill, new_action), qf2(obs, skill, new_action), alpha)
-        actor_optimizer.zero_grad()
-        pi_loss.backward()
-        actor_optimizer.step()
-        alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
-        alpha_optimizer.zero_grad()
-        alpha_loss.backward()
-        alpha_optimizer.step()
+        return actor_loss(log_prob, qf1(obs, skill, new_action), qf2(obs, skill, new_action), alpha), log_prob
 
-        # Polyak averaging of the target Qs: Q̄ ← (1 - τ) Q̄ + τ Q
-        with torch.no_grad():
-            for net, target_net in ((qf1, qf1_target), (qf2, qf2_target)):
-                for p, p_target in zip(net.parameters(), target_net.parameters()):
-                    p_target.lerp_(p, args.tau)
+    if args.compile:
+        torch._inductor.config.fallback_random = True  # eager's random draws, so only the float rounding differs
+        phi_objective, qf_objective, actor_objective = map(torch.compile, (phi_objective, qf_objective,
+                                                                          actor_objective))
+
+    def update(batch):
+        obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
+        weights = skill_weights(skill, args.discrete)  # z, or m for one-hot skills
+        alpha = log_alpha.exp().detach()
+        with record_function("phi step"):  # then (METRA) the dual step on log λ
+            negatives = sample_skills(args.num_negatives, d).to(device) if contrastive else None  # z'_j ~ p(z), fresh
+            phi_loss, c, logsumexp = phi_objective(obs, next_obs, weights, negatives)
+            phi_optimizer.zero_grad()
+            phi_loss.backward()
+            phi_optimizer.step()
+            if not contrastive:
+                lam_loss = dual_loss(log_lam, c)
+                lam_optimizer.zero_grad()
+                lam_loss.backward()
+                lam_optimizer.step()
+        with record_function("qf step"):
+            qf_loss, reward = qf_objective(obs, action, next_obs, skill, weights, alpha)
+            qf_optimizer.zero_grad()
+            qf_loss.backward()
+            qf_optimizer.step()
+        with record_function("actor step"):  # the gradient flows through Q to the action, none into Q's weights
+            qf1.requires_grad_(False), qf2.requires_grad_(False)
+            pi_loss, log_prob = actor_objective(obs, skill, alpha)
+            actor_optimizer.zero_grad()
+            pi_loss.backward()
+            actor_optimizer.step()
+            qf1.requires_grad_(True), qf2.requires_grad_(True)
+        with record_function("alpha step"):  # then the target Qs: Q̄ ← (1 - τ) Q̄ + τ Q, every tensor in one call
+            alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
+            alpha_optimizer.zero_grad()
+            alpha_loss.backward()
+            alpha_optimizer.step()
+            with torch.no_grad():
+                torch._foreach_lerp_(qf_target_params, qf_params, args.tau)
         extra = [logsumexp] if contrastive else [lam_loss, log_lam.exp()]
         return torch.stack([phi_loss, qf_loss, pi_loss, alpha_loss, reward.mean(), c.mean(), alpha, *extra]).detach()
 
@@ -703,7 +725,7 @@ def main(args, ckpt=None):
         skills = sample_skills(args.num_envs, d, args.discrete).to(device)
         obs, _ = train_envs.reset()
         observations, actions = [obs], []
-        with torch.no_grad():
+        with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
                 action = actor.sample(torch.as_tensor(obs, device=device), skills)[0].cpu().numpy()
                 obs, _, terminated, truncated, _ = train_envs.step(action)
@@ -718,7 +740,12 @@ def main(args, ckpt=None):
         # train
         if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
             train_start = time.time()
-            losses = torch.stack([update(rb.sample(args.batch_size, device)) for _ in range(args.grad_steps_per_epoch)])
+            losses = []
+            for _ in range(args.grad_steps_per_epoch):
+                with record_function("sampling"):
+                    batch = rb.sample(args.batch_size, device)
+                losses.append(update(batch))
+            losses = torch.stack(losses)
             bad = ~torch.isfinite(losses[:, loss_columns])
             if bad.any():
                 step, which = bad.nonzero()[0].tolist()

@@ -180,3 +180,23 @@ def test_track_offline_and_capture_video_from_the_shell(agent, tmp_path):
     for metric in (b"charts/SPS", b"eval/coverage", b"losses/phi_loss"):
         assert metric in logged, metric
     assert torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=False)["args"]["track"] is True
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_compiled_update_matches_the_eager_one(agent, tmp_path):
+    """--compile: one gradient step on the same batch (same seed, same replay sample, eager's random draws) gives the
+    eager losses and parameters up to float rounding."""
+    flags = ("--total-env-steps", "400", "--learning-starts", "400", "--num-envs", "2", "--grad-steps-per-epoch", "1",
+             "--batch-size", "16", "--hidden-dim", "16", "--num-negatives", "8", "--num-eval-skills", "1", "--no-cuda")
+    (tmp_path / "eager").mkdir(), (tmp_path / "compiled").mkdir()
+    eager = run_agent(agent, tmp_path / "eager", *flags)
+    compiled = run_agent(agent, tmp_path / "compiled", *flags, "--compile")
+    eager_line, compiled_line = read_evals(eager)[-1], read_evals(compiled)[-1]
+    assert compiled_line["grad_steps"] == 1
+    for key in (*DIAGNOSTICS[name(agent)], "dphi_sq"):
+        assert compiled_line[key] == pytest.approx(eager_line[key], rel=1e-4, abs=1e-6), key
+    eager_ckpt, compiled_ckpt = load(os.path.join(eager, "checkpoint.pt")), load(os.path.join(compiled, "checkpoint.pt"))
+    for network in NETWORKS[name(agent)]:
+        for key, value in eager_ckpt[network].items():
+            assert torch.allclose(compiled_ckpt[network][key], value, rtol=1e-4, atol=1e-6), (network, key)
+    assert compiled_ckpt["args"]["compile"] and not eager_ckpt["args"]["compile"]
