@@ -1,17 +1,18 @@
 """Speed benchmark: where an epoch's time goes, and eager against --compile, for every agent and width.
 
-    python benchmarks/speed.py                           # csf and metra on Ant, widths 256 and 1024 (about 25 min, 2 cores)
+    python benchmarks/speed.py                           # csf and metra on Ant, widths 256 and 1024 (about 30 min, 2 cores)
     python benchmarks/speed.py --baseline-rev 1a2b3c4    # also this checkout's eager path against that revision's
 
 Two tables, printed and written to benchmarks/results/speed_<device>.md:
   1. Where the time of an eager epoch goes (torch profiler, one thread, nothing else running): collection, replay
      sampling, each step of the update, evaluation (at the paper's Ant period, one evaluation every 500 epochs).
   2. Pairs of runs side by side, one thread each, so that both see the same machine: this checkout's eager path
-     against --compile (and against --baseline-rev's eager path). For each run: the env steps and gradient steps
-     measured (after a warm-up that holds the compilation), their wall time, ms per gradient step, env steps per
-     second end to end, the speed relative to the first run of its pair, and the projected wall time of the
-     paper's Ant run (64M env steps, 2M gradient steps) at that speed. Compare ratios within a pair: this machine is
-     shared, and absolute times drift between pairs.
+     against --compile (and against --baseline-rev's eager path). Each run is cut into short windows by its
+     evaluations; the first window (first updates, any compilation) is dropped, and the table gives the medians
+     over the others of ms per gradient step and of env steps per second end to end (evaluation excluded), with
+     the range of the latter, the speed relative to the first run of its pair, and the projected wall time of the
+     paper's Ant run (64M env steps, 2M gradient steps) at that speed. This machine is shared and its speed drifts
+     by ±20% within minutes: compare ratios within a pair, and trust a ratio only well outside the ranges.
 """
 
 import argparse
@@ -19,6 +20,7 @@ import glob
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,7 @@ sys.path.insert(0, ROOT)
 PAPER_ENV_STEPS, STEPS_PER_EPOCH = 64_000_000, 8 * 200  # the paper's Ant run: 40k epochs of 8 × 200 steps
 SECTIONS = ("collection", "sampling", "phi step", "psi step", "qf step", "actor step", "alpha step", "evaluation")
 PAPER_EVAL_EVERY = 500  # epochs between evaluations on Ant
+WINDOWS = 6  # measured windows per run
 
 
 def device_name(cuda):
@@ -42,14 +45,16 @@ def device_name(cuda):
 
 
 def window_flags(width, eval_every):
-    """Evaluations at epochs 0, k, 2k, 3k: the first window holds the first updates (and any compilation), the last
-    two are the measured steady state. Learning starts after the first epoch."""
+    """Evaluations every k epochs, WINDOWS + 1 windows: the first holds the first updates (and any compilation), the
+    others are measured. Learning starts after the first epoch."""
     return ["--env-id", "Ant", "--hidden-dim", str(width), "--eval-every", str(eval_every), "--learning-starts",
-            str(STEPS_PER_EPOCH), "--total-env-steps", str(3 * eval_every * STEPS_PER_EPOCH), "--num-eval-skills", "8"]
+            str(STEPS_PER_EPOCH), "--total-env-steps", str((WINDOWS + 1) * eval_every * STEPS_PER_EPOCH),
+            "--num-eval-skills", "8"]
 
 
 def run_pair(runs, cuda):
-    """Start every (label, script, flags) at once, one torch thread each; return each run's measured windows."""
+    """Start every (label, script, flags) at once, one torch thread each; return each run's medians over its
+    measured windows (the machine's load drifts, so a median of short windows beats one long mean)."""
     procs = []
     for label, script, flags in runs:
         cwd = tempfile.mkdtemp(prefix="speed_")
@@ -64,15 +69,11 @@ def run_pair(runs, cuda):
             sys.exit(f"speed.py: error: {label} failed: {stderr.strip().splitlines()[-1] if stderr.strip() else ''}")
         (path,) = glob.glob(os.path.join(cwd, "runs", "*", "eval.jsonl"))
         with open(path) as f:
-            lines = [json.loads(line) for line in f]
-        windows = list(zip(lines[1:], lines[2:]))  # the windows that end at epochs 2k and 3k
-        env_steps = sum(line["env_steps"] - previous["env_steps"] for previous, line in windows)
-        seconds = sum((line["env_steps"] - previous["env_steps"]) / line["sps"] for previous, line in windows)
-        grad_steps = sum(line["grad_steps"] - previous["grad_steps"] for previous, line in windows)
-        ms = sum(line["ms_per_grad_step"] * (line["grad_steps"] - previous["grad_steps"])
-                 for previous, line in windows) / grad_steps
-        results.append({"run": label, "env_steps": env_steps, "grad_steps": grad_steps, "seconds": seconds,
-                        "ms_per_grad_step": ms, "sps": env_steps / seconds})
+            windows = [json.loads(line) for line in f][2:]  # every window after the first
+        results.append({"run": label, "windows": len(windows),
+                        "ms_per_grad_step": statistics.median(w["ms_per_grad_step"] for w in windows),
+                        "sps": statistics.median(w["sps"] for w in windows),
+                        "sps_range": (min(w["sps"] for w in windows), max(w["sps"] for w in windows))})
     return results
 
 
@@ -130,12 +131,15 @@ def main():
     out += ["", "Sections nest no other section; the update's four steps include their optimizer steps. Evaluation is "
             f"its cost spread over the {PAPER_EVAL_EVERY} epochs between two evaluations on Ant.", "",
             "## Side by side, one thread each", "",
-            "| agent | width | run | env steps | grad steps | wall time (s) | ms / grad step | env steps/s | "
-            "speed vs first of pair | paper Ant run (64M steps), projected h |", "|---|---|---|---|---|---|---|---|---|---|"]
+            f"Medians over {WINDOWS} windows (the first window, with the first updates and any compilation, is not "
+            "counted); env steps/s end to end, evaluation excluded.", "",
+            "| agent | width | run | window (env steps) | ms / grad step | env steps/s (min–max) | "
+            "speed vs first of pair | paper Ant run (64M steps), projected h |", "|---|---|---|---|---|---|---|---|"]
     for agent in args.agents:
         script = os.path.join(ROOT, f"{agent}.py")
         for width in args.widths:
-            flags = window_flags(width, 5 if width <= 256 else 2)
+            eval_every = 4 if width <= 256 else 1
+            flags = window_flags(width, eval_every)
             pairs = [[("eager", script, flags), ("--compile", script, [*flags, "--compile"])]]
             if baseline_dir:
                 pairs.append([(f"eager at {args.baseline_rev}", os.path.join(baseline_dir, f"{agent}.py"), flags),
@@ -143,10 +147,10 @@ def main():
             for pair in pairs:
                 results = run_pair(pair, args.cuda)
                 for result in results:
-                    out.append(f"| {agent} | {width} | {result['run']} | {result['env_steps']:,} | "
-                               f"{result['grad_steps']:,} | {result['seconds']:.0f} | {result['ms_per_grad_step']:.1f} | "
-                               f"{result['sps']:.0f} | {result['sps'] / results[0]['sps']:.2f}× | "
-                               f"{PAPER_ENV_STEPS / result['sps'] / 3600:.0f} |")
+                    low, high = result["sps_range"]
+                    out.append(f"| {agent} | {width} | {result['run']} | {eval_every * STEPS_PER_EPOCH:,} | "
+                               f"{result['ms_per_grad_step']:.1f} | {result['sps']:.0f} ({low:.0f}–{high:.0f}) | "
+                               f"{result['sps'] / results[0]['sps']:.2f}× | {PAPER_ENV_STEPS / result['sps'] / 3600:.0f} |")
                     print(out[-1], flush=True)
     path = os.path.join(ROOT, "benchmarks", "results", f"speed_{'gpu' if args.cuda else 'cpu'}.md")
     with open(path, "w") as f:

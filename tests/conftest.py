@@ -13,12 +13,14 @@ import pytest
 import torch
 
 import csf
+import diayn
 import metra
+import visr
 
-AGENTS = [csf, metra]
+AGENTS = [csf, metra, diayn, visr]
 # 2 trajectories of 200 steps per epoch; 3 gradient steps in every epoch from epoch 1 on (800 transitions stored)
 TINY = ("--num-envs", "2", "--learning-starts", "800", "--grad-steps-per-epoch", "3", "--batch-size", "16",
-        "--hidden-dim", "16", "--num-negatives", "8", "--buffer-size", "4000", "--num-eval-skills", "4", "--no-cuda")
+        "--hidden-dim", "16", "--buffer-size", "4000", "--num-eval-skills", "4", "--no-cuda")
 # 5 epochs, evaluated at 0, 2, 4 and the last (5), a checkpoint at epoch 3 (between two evaluations) and 5
 FIVE_EPOCHS = ("--total-env-steps", "2000", "--eval-every", "2", "--checkpoint-every", "3", *TINY)
 
