@@ -30,6 +30,8 @@ Deliberate differences from the official code:
   - one-hot skills are drawn with torch's generator, not NumPy's global one (a different random stream only).
   - Robobin (not here yet) will use the K = 50 one-hot skills of the paper's table, not the official script's
     continuous d = 9 (spec §5.11).
+  - evaluation every 500 epochs on Ant, 1000 on HalfCheetah, 125 on pixels, as csf.py; the official DIAYN and
+    VISR scripts evaluate half as often on Ant and on pixels (spec §4.1). Evaluation never changes training.
   - additions, not in the official code: the last epoch is always evaluated and checkpointed, every
     evaluation also reports the discriminator's accuracy on 10k replay transitions (chance 1/K), and a
     --buffer-size that is not a multiple of the horizon is rounded down to whole trajectories (the paper's

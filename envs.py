@@ -15,6 +15,11 @@ observations (spec §1.9); `make_encoder` gives it, or an identity for state vec
 
 All worlds come from `make_env(env_id, render_mode)`; `render()` gives a 128×128 RGB frame for videos,
 and `env.unwrapped.goal_observation(goal)` the zero-shot goal observation of spec §4.3.
+
+The downstream tasks of hierarchical control (spec §4.4) come from `make_task(task, render_mode)`, their
+facts from `TASKS`: a base world with task dims after its observation (raw: goal, or next hurdle) and the
+task's reward, on the base world's actions, dynamics and 200-step time limit. A pixel task's observation
+is {"pixels": stacked frames, "goal": (x, y)}; `make_encoder` gives its encoder too.
 """
 
 import collections
@@ -61,6 +66,7 @@ os.environ["MUJOCO_GL"] = GL_BACKEND
 
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 MODEL_DIR = os.path.join(os.path.dirname(gym.__file__), "envs", "mujoco", "assets")
@@ -204,7 +210,7 @@ class LocomotionEnv(MujocoEnv):
 
     def __init__(self, xml_file, obs_mean, obs_std, coord_dim, render_mode=None, frame_skip=5):
         super().__init__(render_mode)
-        self.model = mujoco.MjModel.from_xml_path(os.path.join(MODEL_DIR, xml_file))
+        self.model = self._load_model(os.path.join(MODEL_DIR, xml_file))
         self.data = mujoco.MjData(self.model)
         self.frame_skip = frame_skip
         self.coord_dim = coord_dim
@@ -215,6 +221,9 @@ class LocomotionEnv(MujocoEnv):
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
         low, high = self.model.actuator_ctrlrange.T  # [-1, 1] for every actuator of both models
         self.action_space = gym.spaces.Box(low.astype(np.float32), high.astype(np.float32))
+
+    def _load_model(self, path):
+        return mujoco.MjModel.from_xml_path(path)
 
     def _obs(self):
         raw = np.concatenate([self.data.qpos, self.data.qvel])
@@ -393,6 +402,163 @@ def make_env(env_id, render_mode=None):
     return gym.wrappers.TimeLimit(env, ENV_SPECS[env_id].horizon)
 
 
+# ---------------------------------------------------------------- downstream tasks (spec §4.4)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """The facts the hierarchical learner needs about a downstream task (spec §4.4)."""
+
+    base: str  # the pretraining env (ENV_SPECS key) whose skills the task reuses
+    extra_dims: int  # task dims after the base observation; the child policy sees the observation without them
+    algo: str  # high-level learner: "sac" or "ppo"
+    eval_every: int  # epochs between evaluations
+    buffer_size: int  # high-level SAC replay capacity in transitions (0: PPO keeps no replay)
+    goal_range: float  # goals (and AntMultiGoal's steps between goals) are drawn from U(-goal_range, goal_range)
+    radius: float  # +1 per low-level step within this distance of the goal
+
+
+TASKS = {
+    "AntMultiGoal": TaskSpec("Ant", 2, "sac", 100, 1_000_000, 7.5, 3.0),
+    "HalfCheetahGoal": TaskSpec("HalfCheetah", 1, "ppo", 100, 0, 100.0, 3.0),
+    "HalfCheetahHurdle": TaskSpec("HalfCheetah", 2, "ppo", 100, 0, 0.0, 0.0),
+    "QuadrupedGoal": TaskSpec("Quadruped", 2, "sac", 25, 300_000, 7.5, 1.5),
+    "HumanoidGoal": TaskSpec("Humanoid", 2, "sac", 25, 300_000, 5.0, 1.5),
+}
+ANT_GOALS = 4  # AntMultiGoal's goals per episode
+ANT_GOAL_STEPS = 50  # low-level steps per AntMultiGoal goal
+
+# The one place where our tasks differ from the official ones: AntMultiGoal's goals 2-4. The official env
+# draws them once, in its constructor (spec §5.15), so each worker and the evaluation env keep one fixed
+# chain for the whole run, and only goal 1 is new in each episode. A high level can then score on goals
+# 2-4 by memorizing them instead of reading the goal in its observation. We draw the whole chain at every
+# reset, so reading the observation's goal is the only way to score.
+
+
+class GoalTask(gym.Wrapper):
+    """A base world with goals to reach: the goal (x, y) or x is appended, raw, to the observation, and the
+    reward is +1 for each step whose post-step `info["coordinates"]` lie within `radius` of the goal in
+    force at that step, except the episode's first step (as in the official code).
+
+    Goal 1 ~ U(-goal_range, goal_range) per coordinate, goal k+1 = goal k + U(-goal_range, goal_range);
+    goal k is in force for low-level steps (k-1)·goal_steps onward, the last goal until the episode ends.
+    The observation after a step holds the goal of the next step (the one the policy must reach next), and
+    `info["goal"]` the goal that step's reward measured: they differ on the last step of a goal that
+    another follows (AntMultiGoal's steps 50, 100 and 150, counting from 1).
+    Observation: state worlds, base observation ⊕ goal (float32); pixel worlds, {"pixels", "goal"}.
+    `goals` holds the episode's goals, one row each, drawn at reset from the base world's np_random.
+    """
+
+    def __init__(self, env, goal_dim, goal_range, radius, num_goals, goal_steps):
+        super().__init__(env)
+        self.goal_dim, self.goal_range, self.radius = goal_dim, goal_range, radius
+        self.num_goals, self.goal_steps = num_goals, goal_steps
+        self.pixels = env.observation_space.dtype == np.uint8  # stacked frames, not a state vector
+        goal_space = gym.spaces.Box(-np.inf, np.inf, (goal_dim,), np.float32)
+        if self.pixels:
+            self.observation_space = gym.spaces.Dict({"pixels": env.observation_space, "goal": goal_space})
+        else:
+            dims = env.observation_space.shape[0] + goal_dim
+            self.observation_space = gym.spaces.Box(-np.inf, np.inf, (dims,), np.float32)
+
+    def _goal(self):
+        """The goal in force for the next step."""
+        return self.goals[min(self.steps // self.goal_steps, self.num_goals - 1)]
+
+    def _observation(self, obs):
+        goal = self._goal().astype(np.float32)
+        return {"pixels": obs, "goal": goal} if self.pixels else np.concatenate([obs, goal])
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.env.reset(seed=seed, options=options)
+        jumps = self.np_random.uniform(-self.goal_range, self.goal_range, (self.num_goals, self.goal_dim))
+        self.goals = np.cumsum(jumps, axis=0)
+        self.steps = 0  # low-level steps taken this episode
+        return self._observation(obs), {**info, "goal": self._goal().copy()}
+
+    def step(self, action):
+        goal = self._goal().copy()
+        obs, _, terminated, truncated, info = self.env.step(action)
+        reached = np.linalg.norm(info["coordinates"] - goal) <= self.radius
+        reward = float(reached and self.steps > 0)
+        self.steps += 1
+        return self._observation(obs), reward, terminated, truncated, {**info, "goal": goal}
+
+
+HURDLE_X = (-15.0, -13.0, -9.0, -5.0, -1.0, 3.0, 7.0, 11.0, 15.0, 19.0, 23.0, 27.0)
+
+
+class HurdleEnv(LocomotionEnv):
+    """HalfCheetah with 12 hurdles across its path (spec §4.4): boxes of half-size (0.05, 1, 0.03) centred at
+    z = 0.2 and x = HURDLE_X, which collide with the body.
+
+    Observation: the HalfCheetah observation (preset normalization) ⊕ [x of the next hurdle, |x of the next
+    hurdle − x of the back foot|], raw. The back foot is body "bfoot"; the next hurdle is the first one
+    the foot has not passed (x >= the foot's x), the last one once the foot is past them all.
+    Reward: the change over the step of the number of hurdles at x >= 0 that the back foot has passed
+    (x < the foot's x): +1 per hurdle crossed forward, -1 per hurdle crossed back.
+    """
+
+    def __init__(self, render_mode=None):
+        super().__init__("half_cheetah.xml", CHEETAH_MEAN, CHEETAH_STD, coord_dim=1, render_mode=render_mode)
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (self.model.nq + self.model.nv + 2,), np.float32)
+        self._foot = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, "bfoot")
+
+    def _load_model(self, path):
+        root = ET.parse(path).getroot()
+        world = root.find("worldbody")
+        for i, x in enumerate(HURDLE_X):
+            # conaffinity 1, as the floor: the body's geoms have contype 1 and conaffinity 0 (the file's
+            # defaults), so hurdles with those defaults would collide with nothing
+            ET.SubElement(world, "geom", name=f"hurdle{i}", type="box", pos=f"{x} 0 0.2", size="0.05 1 0.03",
+                          conaffinity="1", rgba="0.3 0.16 0 1")  # brown, as the official hurdles' texture
+        # half_cheetah.xml names no files (its textures are builtin), so the string needs no assets
+        return mujoco.MjModel.from_xml_string(ET.tostring(root, encoding="unicode"))
+
+    def _foot_x(self):
+        # mj_step leaves body positions one substep behind qpos; recompute them from the current qpos (this
+        # changes no state that the next mj_step reads)
+        mujoco.mj_kinematics(self.model, self.data)
+        return self.data.xpos[self._foot, 0]
+
+    def _passed(self):
+        foot = self._foot_x()
+        return sum(foot > x for x in HURDLE_X if x >= 0)
+
+    def _obs(self):
+        foot = self._foot_x()
+        ahead = [x for x in HURDLE_X if x >= foot]
+        hurdle = ahead[0] if ahead else HURDLE_X[-1]
+        return np.concatenate([super()._obs(), np.float32([hurdle, abs(hurdle - foot)])])
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self._num_passed = self._passed()
+        return obs, info
+
+    def step(self, action):
+        obs, _, terminated, truncated, info = super().step(action)
+        passed = self._passed()
+        reward, self._num_passed = float(passed - self._num_passed), passed
+        return obs, reward, terminated, truncated, info
+
+
+def make_task(task, render_mode=None):
+    """The downstream task named `task` (a TASKS key) on its base world, with the base world's 200-step time
+    limit. Action space and dynamics are the base world's, the reward is the task's, and it never terminates.
+    Raises ValueError for an unknown name, and RenderUnavailable for a pixel task without OpenGL."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    spec, base_spec = TASKS[task], ENV_SPECS[TASKS[task].base]
+    if task == "HalfCheetahHurdle":
+        env = HurdleEnv(render_mode)
+    else:
+        world = make_env(spec.base, render_mode).unwrapped
+        goals = (ANT_GOALS, ANT_GOAL_STEPS) if task == "AntMultiGoal" else (1, base_spec.horizon)
+        env = GoalTask(world, base_spec.coord_dim, spec.goal_range, spec.radius, *goals)
+    return gym.wrappers.TimeLimit(env, base_spec.horizon)
+
+
 class PixelEncoder(nn.Module):
     """The CNN in front of every network on pixels (spec §1.9): (N, 64, 64, 3k) HWC images, uint8 or
     float in [0, 255] -> (N, 1536). Divide by 255 (no mean shift), then 4 unpadded convolutions (kernel 4,
@@ -411,9 +577,25 @@ class PixelEncoder(nn.Module):
         return self.net(images.permute(0, 3, 1, 2).float() / 255.0)
 
 
+class PixelGoalEncoder(nn.Module):
+    """The encoder of a pixel task's observation {"pixels": (N, 64, 64, 3k), "goal": (N, goal_dim)}:
+    PixelEncoder(pixels) ⊕ goal, raw (spec §1.9), of size 1536 + goal_dim."""
+
+    def __init__(self, in_channels, goal_dim):
+        super().__init__()
+        self.pixels = PixelEncoder(in_channels)
+        self.out_dim = PixelEncoder.out_dim + goal_dim
+
+    def forward(self, obs):
+        return torch.cat([self.pixels(obs["pixels"]), obs["goal"].float()], dim=-1)
+
+
 def make_encoder(observation_space):
-    """One network's own observation encoder and its feature size: a PixelEncoder for stacked frames, none
-    (identity) for state vectors."""
+    """One network's own observation encoder and its feature size: a PixelEncoder for stacked frames, a
+    PixelGoalEncoder for a pixel task's {"pixels", "goal"}, none (identity) for state vectors."""
+    if isinstance(observation_space, gym.spaces.Dict):
+        encoder = PixelGoalEncoder(observation_space["pixels"].shape[-1], observation_space["goal"].shape[0])
+        return encoder, encoder.out_dim
     if len(observation_space.shape) == 3:  # (64, 64, 3·frame_stack) uint8
         encoder = PixelEncoder(in_channels=observation_space.shape[-1])
         return encoder, encoder.out_dim

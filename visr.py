@@ -28,6 +28,8 @@ Deliberate differences from the official code (none changes the algorithm behind
   - dropped because they never affect learning (spec §7): the buffer's unused future-goal sampler, the
     unused target φ, METRA's λ machinery, and the stored rewards / next actions / returns.
   - ê(s) divides by max(‖φ(s)‖, 1e-12), so a zero φ(s) gives 0 rather than NaN.
+  - evaluation every 500 epochs on Ant, 1000 on HalfCheetah, 125 on pixels, as csf.py; the official DIAYN and
+    VISR scripts evaluate half as often on Ant and on pixels (spec §4.1). Evaluation never changes training.
   - additions, not in the official code: the last epoch is always evaluated and checkpointed, every
     evaluation also reports the mean ê(s)ᵀz over 10k replay transitions, and a --buffer-size that is not a
     multiple of the horizon is rounded down to whole trajectories (the paper's 1M and 300k are). A checkpoint

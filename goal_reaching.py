@@ -1,0 +1,227 @@
+"""Zero-shot goal reaching from any agent's checkpoint ("Can a MISL Fly?" §6, App. B.3 and C.6), in one file.
+
+    python goal_reaching.py --checkpoint runs/Ant__csf__1__1700000000/checkpoint.pt
+    python goal_reaching.py --run runs/Ant__metra__1__1700000000          # the checkpoint of that run
+    python goal_reaching.py --run runs/... --deterministic                 # act with tanh(mean) instead of sampling
+
+The protocol of the official evaluation (`eval_goal_metrics`), for the agents whose paper has a goal inference:
+  - goals: --num-goals positions drawn uniformly from the env's goal range (Ant (x, y) ∈ [-50, 50]², HalfCheetah
+    x ∈ [-100, 100], Quadruped [-15, 15]², Humanoid [-10, 10]²). The goal observation is envs.py's: a fresh reset
+    state with only its position replaced, normalized like every observation (state worlds), or the frame seen
+    after placing the body there and letting it settle, tiled over the frame stack (pixel worlds).
+  - one episode per goal, from a fresh reset of the env, for the env's horizon. At every step the skill is
+    inferred from the current observation s and the goal observation g:
+        CSF, METRA       z = (φ(g) - φ(s)) / ‖φ(g) - φ(s)‖
+        METRA, one-hot   z = onehot(argmax(φ(g) - φ(s))), either chosen once at the first step ("single") or
+                         at every step ("adaptive"); both are reported
+        VISR             z = ê(g) = φ(g) / ‖φ(g)‖
+        DIAYN            z = onehot(argmax q(·|g)), the discriminator's guess for the goal
+    and the action is sampled from the policy π(·|s, z), as the official evaluation does.
+  - metrics, from the positions after each step: staying time (the fraction of the horizon within 3, and within 1,
+    of the goal: the paper's headline number), hit success (ever within the radius), end success (within it at the
+    last step), the final distance, and the progress (distance at the reset minus the final distance).
+Printed as a table (means over goals), written with every goal's numbers to goal_reaching.json next to the
+checkpoint, and drawn to goal_reaching.png (trajectories and goals). The same seed gives the same numbers on a CPU.
+
+Deliberate differences from the official code: the goals and the episodes have their own seeded generators (the
+official evaluation draws them from the training run's streams), and the progress metric is an addition.
+"""
+
+import importlib
+import json
+import os
+import random
+import sys
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import matplotlib
+import numpy as np
+import torch
+import torch.nn.functional as F
+import tyro
+
+import envs
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+GOAL_AGENTS = ("csf", "metra", "diayn", "visr")  # the agents the paper evaluates on goals (spec §2.7)
+RADII = (3.0, 1.0)
+
+
+@dataclass
+class Args:
+    checkpoint: Optional[str] = None
+    """a checkpoint.pt written by csf.py, metra.py, diayn.py or visr.py"""
+    run: Optional[str] = None
+    """a run folder (runs/<run_name>): its checkpoint.pt is used"""
+    num_goals: int = 50
+    """goals, one episode each (the paper's 50)"""
+    seed: int = 0
+    """seed of the goals, the env resets and the policy's action samples"""
+    deterministic: bool = False
+    """act with the policy's mode tanh(mean) instead of sampling from it (the official evaluation samples)"""
+    cuda: bool = True
+    """use the GPU when torch sees one"""
+
+
+def error(message):
+    """End with one line on stderr, no traceback."""
+    sys.exit(f"goal_reaching.py: error: {message}")
+
+
+def parse_args(argv=None):
+    """The command line, checked; returns the args and the loaded checkpoint."""
+    args = tyro.cli(Args, args=argv)
+    if (args.checkpoint is None) == (args.run is None):
+        error("give exactly one of --checkpoint PATH and --run RUN_FOLDER")
+    if args.num_goals < 1:
+        error(f"--num-goals must be in [1, inf), got {args.num_goals}")
+    if not 0 <= args.seed <= 2**31 - 1:
+        error(f"--seed must be in [0, 2147483647], got {args.seed}")
+    if args.run is not None:
+        if not os.path.isdir(args.run):
+            error(f"no run folder at {args.run}")
+        args.checkpoint = os.path.join(args.run, "checkpoint.pt")
+        if not os.path.isfile(args.checkpoint):
+            error(f"the run folder {args.run} holds no checkpoint.pt (yet)")
+    if not os.path.isfile(args.checkpoint):
+        error(f"no checkpoint file at {args.checkpoint}")
+    try:
+        ckpt = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        error(f"{args.checkpoint} is not a readable checkpoint ({type(e).__name__})")
+    if not isinstance(ckpt, dict) or "agent" not in ckpt or "args" not in ckpt:
+        error(f"{args.checkpoint} is not a cleanmisl checkpoint")
+    if ckpt["agent"] not in GOAL_AGENTS:
+        error(f"{args.checkpoint} is a {ckpt['agent']} checkpoint; the paper defines no zero-shot goal inference for "
+              f"{ckpt['agent']}, only for {', '.join(GOAL_AGENTS)}")
+    return args, ckpt
+
+
+# ---------------------------------------------------------------- skill inference (spec §4.3)
+def direction(phi_goal, phi_obs):
+    """z = (φ(g) - φ(s)) / ‖φ(g) - φ(s)‖: the unit direction from the state to the goal in φ-space (CSF, METRA)."""
+    return F.normalize(phi_goal - phi_obs, dim=-1)
+
+
+def one_hot_argmax(scores):
+    """The one-hot skill of the largest score."""
+    return F.one_hot(scores.argmax(-1), scores.shape[-1]).float()
+
+
+def infer_skill(agent, discrete, phi_goal, phi_obs):
+    """The skill that should move s towards g, from φ(g) and φ(s) of the agent's own φ network."""
+    if agent in ("csf", "metra"):
+        return one_hot_argmax(phi_goal - phi_obs) if discrete else direction(phi_goal, phi_obs)
+    if agent == "visr":
+        return F.normalize(phi_goal, dim=-1)  # ê(g): the skill whose vMF score the goal maximizes
+    return one_hot_argmax(phi_goal)  # DIAYN: argmax q(·|g)
+
+
+# ---------------------------------------------------------------- metrics (spec §4.3)
+def goal_metrics(start, positions, goal):
+    """The metrics of one episode. start: (coord_dim,) the position after the reset; positions: (T, coord_dim) the
+    positions after each step; goal: (coord_dim,)."""
+    distance = np.linalg.norm(np.asarray(positions) - goal, axis=-1)
+    metrics = {}
+    for radius in RADII:
+        inside = distance < radius
+        metrics[f"staying_time_{radius:g}"] = float(inside.mean())  # the official AtSuccess
+        metrics[f"hit_{radius:g}"] = float(inside.any())
+        metrics[f"end_{radius:g}"] = float(inside[-1])
+    metrics["final_distance"] = float(distance[-1])
+    metrics["progress"] = float(np.linalg.norm(start - goal) - distance[-1])
+    return metrics
+
+
+def plot_episodes(episodes, goals, path, title):
+    """Each episode's trajectory in its goal's colour, the goal a star (x against time for 1-D worlds)."""
+    colors = plt.cm.hsv(np.linspace(0, 1, len(goals), endpoint=False))
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for (start, positions), goal, color in zip(episodes, goals, colors):
+        xy = np.concatenate([start[None], positions])
+        if xy.shape[-1] == 2:
+            ax.plot(xy[:, 0], xy[:, 1], color=color, lw=0.8)
+            ax.plot(*goal, marker="*", color=color, ms=9, mec="black", mew=0.5)
+        else:
+            ax.plot(xy[:, 0], np.arange(len(xy)), color=color, lw=0.8)
+            ax.plot(goal[0], len(xy) - 1, marker="*", color=color, ms=9, mec="black", mew=0.5)
+    ax.set_xlabel("x")
+    ax.set_ylabel("y" if goals.shape[-1] == 2 else "env step")
+    ax.set_aspect("equal" if goals.shape[-1] == 2 else "auto")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(args, ckpt):
+    trained = ckpt["args"]
+    agent = importlib.import_module(ckpt["agent"])  # the agent script's own network classes
+    discrete = trained.get("discrete", False)  # one-hot METRA; DIAYN is always one-hot
+    spec = envs.ENV_SPECS[trained["env_id"]]
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+
+    try:
+        env = envs.make_env(trained["env_id"])
+    except envs.RenderUnavailable as e:
+        error(e)
+    env.reset(seed=args.seed)
+    action_dim = env.action_space.shape[0]
+    phi = agent.Phi(env.observation_space, trained["skill_dim"], trained["hidden_dim"]).to(device)
+    actor = agent.Actor(env.observation_space, action_dim, trained["skill_dim"], trained["hidden_dim"]).to(device)
+    phi.load_state_dict(ckpt["phi"])
+    actor.load_state_dict(ckpt["actor"])
+    phi.eval(), actor.eval()
+
+    goals = rng.uniform(-spec.goal_range, spec.goal_range, (args.num_goals, spec.coord_dim))
+    variants = ("adaptive", "single") if ckpt["agent"] == "metra" and discrete else ("adaptive",)
+    results = {}
+    for variant in variants:
+        per_goal, episodes = [], []
+        for goal in goals:
+            with torch.no_grad():
+                phi_goal = phi(torch.as_tensor(env.unwrapped.goal_observation(goal)[None], device=device))
+                obs, info = env.reset()  # the goal observation moved the body; start the episode afresh
+                start, positions, skill = info["coordinates"], [], None
+                for _ in range(spec.horizon):
+                    obs = torch.as_tensor(obs[None], device=device)
+                    if skill is None or variant == "adaptive":  # "single": z chosen at the first step only
+                        skill = infer_skill(ckpt["agent"], discrete, phi_goal, phi(obs))
+                    action = actor.mode(obs, skill) if args.deterministic else actor.sample(obs, skill)[0]
+                    obs, _, terminated, truncated, info = env.step(action[0].cpu().numpy())
+                    positions.append(info["coordinates"])
+                    if terminated or truncated:
+                        break
+            per_goal.append({"goal": goal.tolist(), **goal_metrics(start, np.stack(positions), goal)})
+            episodes.append((start, np.stack(positions)))
+        means = {key: float(np.mean([g[key] for g in per_goal])) for key in per_goal[0] if key != "goal"}
+        results[variant] = {"mean": means, "per_goal": per_goal}
+        stem = "goal_reaching" if len(variants) == 1 else f"goal_reaching_{variant}"
+        plot_episodes(episodes, goals, os.path.join(os.path.dirname(args.checkpoint), f"{stem}.png"),
+                      f"{ckpt['agent']} {trained['env_id']}, {ckpt['epoch'] * trained['num_envs'] * spec.horizon:,} "
+                      f"env steps, {variant}: staying time (r = 3) {means['staying_time_3']:.3f}")
+    env.close()
+
+    report = {"checkpoint": args.checkpoint, "agent": ckpt["agent"], "env_id": trained["env_id"],
+              "env_steps": ckpt["epoch"] * trained["num_envs"] * spec.horizon, "args": asdict(args), "results": results}
+    path = os.path.join(os.path.dirname(args.checkpoint), "goal_reaching.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    keys = list(results[variants[0]]["mean"])
+    print(f"{ckpt['agent']} on {trained['env_id']}, {report['env_steps']:,} env steps, {args.num_goals} goals, "
+          f"{'deterministic' if args.deterministic else 'sampled'} actions")
+    print("| inference | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))
+    for variant in variants:
+        print(f"| {variant} | " + " | ".join(f"{results[variant]['mean'][k]:.3f}" for k in keys) + " |")
+    print(f"written to {path}")
+    return report
+
+
+if __name__ == "__main__":
+    main(*parse_args())

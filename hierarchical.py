@@ -1,0 +1,743 @@
+"""Hierarchical control over any agent's frozen skills ("Can a MISL Fly?" §6 and its appendix), in one file.
+
+    python hierarchical.py --checkpoint runs/Ant__csf__1__1700000000 --task AntMultiGoal      # a run folder, or
+    python hierarchical.py --checkpoint runs/HalfCheetah__metra__1__1700000000/checkpoint.pt --task HalfCheetahHurdle
+
+A high-level policy π_h(a | s) picks a skill every 25 low-level steps; the skill policy π(· | s, z) of a pretrained
+agent (csf.py, metra.py, diayn.py or visr.py), loaded from its checkpoint with the agent script's own Actor class and
+frozen, acts deterministically (tanh(mean)) for those 25 steps on the observation without the task's goal dims,
+and the task rewards of the 25 steps are summed into one high-level reward. An episode is 8 high-level steps
+(8 × 25 = 200 low-level steps), its last step terminal. The high-level action becomes the skill as the official
+child-policy wrapper does (spec §4.4): z = a/‖a‖ for unit-sphere children (CSF, METRA, VISR), z = 1.5·a for
+Gaussian- or uniform-prior children (CIC, DADS), z = onehot(a) for one-hot children (DIAYN, METRA on HalfCheetah)
+through a categorical high-level policy.
+
+The high level learns with SAC on AntMultiGoal, QuadrupedGoal and HumanoidGoal, and with PPO on HalfCheetahGoal and
+HalfCheetahHurdle, with the official hyperparameters (spec §4.4):
+  SAC: 8 episodes (64 high-level transitions) per epoch, 50 gradient steps per epoch after 10k stored transitions,
+       batch 256, twin Q with Polyak targets (τ = 5e-3), α from 0.1 tuned towards entropy -|A|/2; for one-hot
+       children discrete SAC (Q(s, ·) over the K skills, expectations under π(·|s), target entropy +log K).
+  PPO: 64 episodes (512 transitions) per epoch, 10 steps on minibatches of 256 drawn with replacement, clip 0.2,
+       GAE λ = 0.95 for the advantages (standardized per minibatch), entropy bonus 0.01 (of the pre-tanh Gaussian),
+       a value network regressed on the Monte-Carlo discounted returns with its own optimizer.
+  Both: γ = 0.99 per high-level step, Adam lr 1e-4, width 1024, tanh policy trunks, ReLU critics.
+Evaluation: 48 deterministic high-level episodes every 100 epochs (25 on pixels); eval.jsonl has their mean return
+and the mean of the last 10 evaluations (the paper's "Return (past 10)"), and a plot shows their trajectories.
+
+Deliberate differences from the official code: the tasks' one difference (AntMultiGoal redraws its whole goal chain
+every episode) is explained in envs.py; the high-level replay buffer stores each observation once per step
+(whole episodes), as the agents' buffers do.
+"""
+
+import importlib
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Optional
+
+import gymnasium as gym
+import matplotlib
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+import envs
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+SKILL_STEPS = 25  # low-level steps per high-level step
+HIGH_HORIZON = 8  # high-level steps per episode: 8 × 25 = 200 low-level steps
+CHILD_AGENTS = ("csf", "metra", "diayn", "visr", "cic", "dads")
+ALGO_DEFAULTS = {"sac": {"num_envs": 8, "grad_steps_per_epoch": 50}, "ppo": {"num_envs": 64, "grad_steps_per_epoch": 10}}
+
+
+@dataclass
+class Args:
+    checkpoint: str = ""
+    """the child: a checkpoint.pt of csf.py, metra.py, diayn.py or visr.py, or a run folder (its newest checkpoint)"""
+    task: str = "AntMultiGoal"
+    """the downstream task: AntMultiGoal, HalfCheetahGoal, HalfCheetahHurdle, QuadrupedGoal or HumanoidGoal"""
+    seed: int = 1
+    """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
+    total_env_steps: int = 4_000_000
+    """training budget in low-level env steps (an epoch is num_envs × 200)"""
+    num_envs: Optional[int] = None
+    """high-level episodes collected per epoch (unset: SAC 8, PPO 64)"""
+    grad_steps_per_epoch: Optional[int] = None
+    """gradient steps after each collection round (unset: SAC 50, PPO 10)"""
+    learning_starts: int = 10_000
+    """SAC: high-level transitions stored before the first gradient step (PPO learns from every epoch)"""
+    batch_size: int = 256
+    """high-level transitions per minibatch, sampled uniformly with replacement"""
+    buffer_size: Optional[int] = None
+    """SAC replay capacity in high-level transitions (unset: the task's, 1M on Ant, 300k on pixels)"""
+    hidden_dim: int = 1024
+    """width of the two hidden layers of the high-level networks"""
+    eval_every: Optional[int] = None
+    """epochs between evaluations (unset: 100 on Ant and HalfCheetah, 25 on pixels); the last epoch is always evaluated"""
+    checkpoint_every: Optional[int] = None
+    """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
+    num_eval_episodes: int = 48
+    """deterministic high-level episodes per evaluation (the paper's 48)"""
+    resume: Optional[str] = None
+    """path of a hierarchical checkpoint.pt to continue from"""
+    cuda: bool = True
+    """use the GPU when torch sees one"""
+    track: bool = False
+    """also log to Weights & Biases (WANDB_MODE=offline works)"""
+    wandb_project_name: str = "cleanmisl"
+    """W&B project, with --track"""
+    wandb_entity: Optional[str] = None
+    """W&B team, with --track"""
+    gamma: float = 0.99
+    """discount per high-level step"""
+    lr: float = 1e-4
+    """Adam learning rate of every high-level network (and of log α)"""
+    tau: float = 0.005
+    """SAC: Polyak step of the target Qs"""
+    alpha_init: float = 0.1
+    """SAC: initial entropy temperature α, tuned towards -|A|/2 (continuous) or +log K (one-hot children)"""
+    clip: float = 0.2
+    """PPO: clip range of the probability ratio"""
+    gae_lambda: float = 0.95
+    """PPO: λ of the generalized advantage estimate"""
+    entropy_coef: float = 0.01
+    """PPO: weight of the entropy bonus"""
+
+
+FLAG_RANGES = {  # every numeric flag and the values that mean something ("[" closed end, "(" open end)
+    "seed": "[0, 2147483647]", "total_env_steps": "[1, inf)", "num_envs": "[1, inf)", "grad_steps_per_epoch": "[0, inf)",
+    "learning_starts": "[0, inf)", "batch_size": "[1, inf)", "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)",
+    "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)", "num_eval_episodes": "[1, inf)", "gamma": "[0, 1)",
+    "lr": "(0, inf)", "tau": "(0, 1]", "alpha_init": "(0, inf)", "clip": "(0, inf)", "gae_lambda": "[0, 1]",
+    "entropy_coef": "[0, inf)",
+}
+# What --resume may change: neither the learning problem nor the random streams depend on these.
+RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "track",
+                     "wandb_project_name", "wandb_entity")
+
+
+def error(message):
+    """End the run with one line on stderr, no traceback."""
+    sys.exit(f"hierarchical.py: error: {message}")
+
+
+def in_range(value, interval):
+    """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
+    low, high = (float(end) for end in interval[1:-1].split(","))
+    above = low <= value if interval[0] == "[" else low < value
+    below = value <= high if interval[-1] == "]" else value < high
+    return above and below  # both False for NaN
+
+
+def load_file(path, what):
+    """A torch checkpoint file; one line if it is missing or unreadable."""
+    if not os.path.isfile(path):
+        error(f"no {what} file at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        error(f"{path} is not a readable checkpoint ({type(e).__name__})")
+    if not isinstance(ckpt, dict) or "agent" not in ckpt or "args" not in ckpt:
+        error(f"{path} is not a cleanmisl checkpoint")
+    return ckpt
+
+
+def load_child(path, task):
+    """The pretrained agent's checkpoint at `path` (or the newest .pt in the run folder `path`), checked against the
+    task; one line on failure."""
+    if os.path.isdir(path):
+        candidates = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".pt")]
+        if not candidates:
+            error(f"the run folder {path} holds no checkpoint")
+        path = max(candidates, key=os.path.getmtime)
+    ckpt = load_file(path, "checkpoint")
+    if ckpt["agent"] not in CHILD_AGENTS:
+        error(f"{path} is a {ckpt['agent']} checkpoint, not one of a skill-discovery agent ({', '.join(CHILD_AGENTS)})")
+    base = envs.TASKS[task].base
+    if ckpt["args"]["env_id"] != base:
+        error(f"{path} holds skills learned on {ckpt['args']['env_id']}; {task} needs skills learned on {base}")
+    return path, ckpt
+
+
+def parse_args(argv=None):
+    """The command line, every unset flag given the task's value, every value checked (one line on failure).
+    Returns the args, the child checkpoint and the hierarchical checkpoint to resume (None for a new run)."""
+    args, ckpt = tyro.cli(Args, args=argv), None
+    if args.resume:
+        ckpt = load_file(args.resume, "checkpoint")
+        if ckpt["agent"] != "hierarchical":
+            error(f"{args.resume} is a {ckpt['agent']} checkpoint, not a hierarchical one")
+        if set(ckpt["args"]) - {field.name for field in fields(Args)}:
+            error(f"{args.resume} was written by another version of hierarchical.py")
+        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
+        for flag, trained in ckpt["args"].items():
+            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
+                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
+    if args.task not in envs.TASKS:
+        error(f"unknown --task {args.task!r}; choose one of {', '.join(envs.TASKS)}")
+    if not args.checkpoint:
+        error("give the child's --checkpoint (a checkpoint.pt of an agent, or its run folder)")
+    task = envs.TASKS[args.task]
+    for flag, value in (("buffer_size", task.buffer_size), ("eval_every", task.eval_every),
+                        *ALGO_DEFAULTS[task.algo].items()):
+        if getattr(args, flag) is None:
+            setattr(args, flag, value)
+    if args.checkpoint_every is None:
+        args.checkpoint_every = args.eval_every
+    for flag, interval in FLAG_RANGES.items():
+        if not (flag == "buffer_size" and task.algo == "ppo") and not in_range(getattr(args, flag), interval):
+            error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
+    steps_per_epoch = args.num_envs * SKILL_STEPS * HIGH_HORIZON
+    if args.total_env_steps < steps_per_epoch:
+        error(f"--total-env-steps must cover one epoch (--num-envs × 200 = {steps_per_epoch} env steps), "
+              f"got {args.total_env_steps}")
+    if task.algo == "sac" and args.buffer_size < args.num_envs * HIGH_HORIZON:
+        error(f"--buffer-size must hold one epoch (--num-envs × {HIGH_HORIZON} transitions), got {args.buffer_size}")
+    high_level_transitions = args.total_env_steps // steps_per_epoch * args.num_envs * HIGH_HORIZON
+    if task.algo == "sac" and args.grad_steps_per_epoch and args.learning_starts > min(high_level_transitions,
+                                                                                      args.buffer_size):
+        error(f"--learning-starts ({args.learning_starts} high-level transitions) must be at most the run's "
+              f"{high_level_transitions} and --buffer-size, or the run never learns")
+    if ckpt and args.total_env_steps // steps_per_epoch <= ckpt["epoch"]:
+        error(f"{args.resume} has already trained for {ckpt['epoch'] * steps_per_epoch} env steps; "
+              f"give a larger --total-env-steps to continue it")
+    child_path, child = load_child(args.checkpoint, args.task)
+    args.checkpoint = child_path
+    return args, child, ckpt
+
+
+# ---------------------------------------------------------------- the child (spec §4.4)
+def skill_kind(child_ckpt):
+    """How a high-level action becomes a skill: "one-hot" (DIAYN, one-hot METRA), "scaled" (CIC, DADS: priors that
+    are not the unit sphere) or "sphere" (CSF, METRA, VISR)."""
+    if child_ckpt["agent"] == "diayn" or child_ckpt["args"].get("discrete"):
+        return "one-hot"
+    return "scaled" if child_ckpt["agent"] in ("cic", "dads") else "sphere"
+
+
+def action_to_skill(action, kind, skill_dim):
+    """z = onehot(a) for one-hot children (a is the index), 1.5·a for CIC/DADS, a/‖a‖ for unit-sphere children."""
+    if kind == "one-hot":
+        return F.one_hot(action.long(), skill_dim).float()
+    return 1.5 * action if kind == "scaled" else F.normalize(action, dim=-1)
+
+
+def as_tensor(obs, device):
+    """An observation batch (an array, or a dict of arrays for pixels + goal) as tensors on `device`."""
+    if isinstance(obs, dict):
+        return {key: torch.as_tensor(value, device=device) for key, value in obs.items()}
+    return torch.as_tensor(obs, device=device)
+
+
+# ---------------------------------------------------------------- high-level networks (spec §1.8, §4.4)
+def mlp(in_dim, hidden_dim, out_dim, activation, init):
+    """Linear → act → Linear → act → Linear, zero biases."""
+    net = nn.Sequential(nn.Linear(in_dim, hidden_dim), activation(), nn.Linear(hidden_dim, hidden_dim),
+                        activation(), nn.Linear(hidden_dim, out_dim))
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            init(layer.weight)
+            nn.init.zeros_(layer.bias)
+    return net
+
+
+class GaussianPolicy(nn.Module):
+    """π_h(a | s) over [-1, 1]^d: tanh-squashed Gaussian on a tanh trunk, output layers initialised 10x smaller."""
+
+    LOG_STD_MIN, LOG_STD_MAX = math.log(1e-6), 2.0
+
+    def __init__(self, observation_space, action_dim, hidden_dim):
+        super().__init__()
+        self.encoder, features = envs.make_encoder(observation_space)
+        self.trunk = mlp(features, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
+        self.mean, self.log_std = nn.Linear(hidden_dim, action_dim), nn.Linear(hidden_dim, action_dim)
+        for head in (self.mean, self.log_std):
+            nn.init.xavier_normal_(head.weight)
+            head.weight.data.mul_(0.1)
+            nn.init.zeros_(head.bias)
+
+    def dist(self, obs):
+        """The pre-tanh Gaussian."""
+        h = self.trunk(self.encoder(obs))
+        log_std = self.log_std(h).clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
+        return torch.distributions.Normal(self.mean(h), log_std.exp(), validate_args=False)
+
+    @staticmethod
+    def squash(normal, u):
+        """a = tanh(u) and log π(a|s), with the tanh correction."""
+        action = torch.tanh(u)
+        return action, normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
+
+    def sample(self, obs):
+        """A reparameterized action, its log-probability, and the pre-tanh sample u (PPO re-evaluates it)."""
+        normal = self.dist(obs)
+        u = normal.rsample()
+        return (*self.squash(normal, u), u)
+
+    def mode(self, obs):
+        return torch.tanh(self.dist(obs).mean)
+
+
+class CategoricalPolicy(nn.Module):
+    """π_h(k | s) over the K one-hot skills: logits on a tanh trunk."""
+
+    def __init__(self, observation_space, num_skills, hidden_dim):
+        super().__init__()
+        self.encoder, features = envs.make_encoder(observation_space)
+        self.net = mlp(features, hidden_dim, num_skills, nn.Tanh, nn.init.xavier_uniform_)
+
+    def dist(self, obs):
+        return torch.distributions.Categorical(logits=self.net(self.encoder(obs)), validate_args=False)
+
+    def sample(self, obs):
+        dist = self.dist(obs)
+        k = dist.sample()
+        return k, dist.log_prob(k), k
+
+    def mode(self, obs):
+        return self.dist(obs).probs.argmax(-1)
+
+
+class QNetwork(nn.Module):
+    """Q(s, a) ∈ R for continuous actions (input s ⊕ a), or Q(s, ·) ∈ R^K for one-hot skills; ReLU, Xavier-normal.
+    With action_dim 0 and one output it is PPO's value network V(s)."""
+
+    def __init__(self, observation_space, action_dim, hidden_dim, num_actions=1):
+        super().__init__()
+        self.encoder, features = envs.make_encoder(observation_space)
+        self.net = mlp(features + action_dim, hidden_dim, num_actions, nn.ReLU, nn.init.xavier_normal_)
+
+    def forward(self, obs, action=None):
+        features = self.encoder(obs)
+        out = self.net(features if action is None else torch.cat([features, action], -1))
+        return out.squeeze(-1) if out.shape[-1] == 1 else out
+
+
+# ---------------------------------------------------------------- losses (spec §1.7, §4.4)
+def sac_target(reward, done, next_value, gamma):
+    """y = r + γ (1 - done) V̄(s'), V̄ = min_i Q̄_i - α log π (continuous) or its expectation under π (one-hot)."""
+    return reward + gamma * (1 - done) * next_value
+
+
+def gae(rewards, values, gamma, lam):
+    """Generalized advantages over (N, T) episodes that end at T (the value after the last step is 0), and the
+    Monte-Carlo discounted returns the value network regresses on."""
+    advantages, returns = torch.zeros_like(rewards), torch.zeros_like(rewards)
+    next_advantage = next_return = next_value = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantages[:, t] = next_advantage = delta + gamma * lam * next_advantage
+        returns[:, t] = next_return = rewards[:, t] + gamma * next_return
+        next_value = values[:, t]
+    return advantages, returns
+
+
+def ppo_policy_loss(log_prob, old_log_prob, advantages, entropy, clip, entropy_coef):
+    """-E[min(ρ Â, clip(ρ, 1 ± ε) Â)] - c E[H], ρ = π(a|s)/π_old(a|s), Â standardized over the minibatch."""
+    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    ratio = (log_prob - old_log_prob).exp()
+    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+    return -(surrogate.mean() + entropy_coef * entropy.mean())
+
+
+# ---------------------------------------------------------------- replay buffer
+class EpisodeBuffer:
+    """A ring of whole high-level episodes: each observation stored once (s'_t is s_{t+1}), a dict of arrays for
+    pixels + goal. Transitions are sampled uniformly, with replacement; the last step of an episode is terminal."""
+
+    def __init__(self, capacity, observation_space, action_shape, action_dtype, rng):
+        spaces = observation_space.spaces if isinstance(observation_space, gym.spaces.Dict) else {"obs": observation_space}
+        n = max(capacity // HIGH_HORIZON, 1)
+        self.obs = {key: np.zeros((n, HIGH_HORIZON + 1, *space.shape), space.dtype) for key, space in spaces.items()}
+        self.actions = np.zeros((n, HIGH_HORIZON, *action_shape), action_dtype)
+        self.rewards = np.zeros((n, HIGH_HORIZON), np.float32)
+        self.dict_obs, self.rng, self.pos, self.num_stored = isinstance(observation_space, gym.spaces.Dict), rng, 0, 0
+
+    def add(self, observations, actions, rewards):
+        """observations: {key: (E, T + 1, ...)}; actions: (E, T, ...); rewards: (E, T)."""
+        idx = (self.pos + np.arange(len(rewards))) % len(self.rewards)
+        for key, value in observations.items():
+            self.obs[key][idx] = value
+        self.actions[idx], self.rewards[idx] = actions, rewards
+        self.pos = (self.pos + len(rewards)) % len(self.rewards)
+        self.num_stored = min(self.num_stored + len(rewards), len(self.rewards))
+
+    @property
+    def size(self):  # stored transitions
+        return self.num_stored * HIGH_HORIZON
+
+    def sample(self, batch_size, device):
+        i = self.rng.integers(0, self.size, batch_size)
+        episode, t = i // HIGH_HORIZON, i % HIGH_HORIZON
+        view = (lambda o: o) if self.dict_obs else (lambda o: o["obs"])
+        return {"obs": as_tensor(view({k: v[episode, t] for k, v in self.obs.items()}), device),
+                "next_obs": as_tensor(view({k: v[episode, t + 1] for k, v in self.obs.items()}), device),
+                "action": torch.as_tensor(self.actions[episode, t], device=device),
+                "reward": torch.as_tensor(self.rewards[episode, t], device=device),
+                "done": torch.as_tensor((t == HIGH_HORIZON - 1).astype(np.float32), device=device)}
+
+    def state_dict(self):
+        n = self.num_stored
+        return {"pos": self.pos, "num_stored": n, "obs": {k: v[:n].copy() for k, v in self.obs.items()},
+                "actions": self.actions[:n].copy(), "rewards": self.rewards[:n].copy()}
+
+    def load_state_dict(self, state):
+        self.pos, self.num_stored, n = state["pos"], state["num_stored"], state["num_stored"]
+        for key, value in state["obs"].items():
+            self.obs[key][:n] = value
+        self.actions[:n], self.rewards[:n] = state["actions"], state["rewards"]
+
+
+# ---------------------------------------------------------------- evaluation plot
+def plot_episodes(coordinates, goals, path, title):
+    """Low-level trajectories of the evaluation episodes, each goal a star of its episode's colour (x against time
+    on HalfCheetah)."""
+    colors = plt.cm.hsv(np.linspace(0, 1, len(coordinates), endpoint=False))
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for i, (xy, color) in enumerate(zip(coordinates, colors)):
+        if xy.shape[-1] == 2:
+            ax.plot(xy[:, 0], xy[:, 1], color=color, lw=0.8)
+            if goals is not None:
+                for goal in np.unique(goals[i], axis=0):
+                    ax.plot(*goal, marker="*", color=color, ms=8, mec="black", mew=0.4)
+        else:
+            ax.plot(xy[:, 0], np.arange(len(xy)), color=color, lw=0.8)
+            if goals is not None:
+                ax.plot(goals[i, -1, 0], len(xy) - 1, marker="*", color=color, ms=8, mec="black", mew=0.4)
+    ax.set_xlabel("x")
+    ax.set_ylabel("y" if coordinates.shape[-1] == 2 else "env step")
+    ax.set_aspect("equal" if coordinates.shape[-1] == 2 else "auto")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(args, child_ckpt, ckpt=None):
+    task = envs.TASKS[args.task]
+    run_name = ckpt["run_name"] if ckpt else (f"{args.task}__hierarchical_{child_ckpt['agent']}__{args.seed}__"
+                                              f"{int(time.time())}")
+    run_dir = os.path.join("runs", run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    steps_per_epoch = args.num_envs * SKILL_STEPS * HIGH_HORIZON  # low-level env steps
+    num_epochs = args.total_env_steps // steps_per_epoch
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+
+    # ------------------------------------------------------------ seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)  # replay and minibatch sampling
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    # ------------------------------------------------------------ envs (low level: every trajectory reset explicitly)
+    try:
+        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_task(args.task) for _ in range(args.num_envs)],
+                                              autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        eval_envs = gym.vector.SyncVectorEnv([lambda: envs.make_task(args.task) for _ in range(args.num_eval_episodes)],
+                                             autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+    except envs.RenderUnavailable as e:
+        error(e)
+    train_envs.reset(seed=args.seed)
+    eval_envs.reset(seed=args.seed + 10_000)
+    observation_space = train_envs.single_observation_space  # the full observation: state (or pixels) + task dims
+    pixels = isinstance(observation_space, gym.spaces.Dict)
+
+    # ------------------------------------------------------------ the frozen child
+    child_args = child_ckpt["args"]
+    child_agent = importlib.import_module(child_ckpt["agent"])  # the agent script's own Actor class
+    child_space = observation_space["pixels"] if pixels else gym.spaces.Box(
+        -np.inf, np.inf, (observation_space.shape[0] - task.extra_dims,), np.float32)
+    child = child_agent.Actor(child_space, train_envs.single_action_space.shape[0], child_args["skill_dim"],
+                              child_args["hidden_dim"]).to(device)
+    child.load_state_dict(child_ckpt["actor"])
+    child.requires_grad_(False)
+    child.eval()
+    kind, skill_dim = skill_kind(child_ckpt), child_args["skill_dim"]
+    discrete = kind == "one-hot"
+
+    def child_view(obs):
+        """The child's input: the observation without the task's goal (or hurdle) dims."""
+        return obs["pixels"] if pixels else obs[..., : -task.extra_dims]
+
+    @torch.no_grad()
+    def run_episodes(vec_env, act):
+        """One high-level episode in each env: `act(obs)` gives (action, log π, pre-tanh u); the child runs each skill
+        for 25 steps. Returns the episodes' observations, actions, log-probs, pre-tanh actions, summed rewards, and
+        the low-level coordinates and goals (for plots)."""
+        obs, info = vec_env.reset()
+        observations, actions, log_probs, raws, rewards = [obs], [], [], [], []
+        coordinates, goals = [info["coordinates"]], [info.get("goal")]
+        for step in range(HIGH_HORIZON):
+            action, log_prob, raw = act(as_tensor(obs, device))
+            skill = action_to_skill(action, kind, skill_dim)
+            reward = np.zeros(vec_env.num_envs)
+            for t in range(SKILL_STEPS):
+                low_action = child.mode(child_view(as_tensor(obs, device)), skill)
+                obs, r, terminated, truncated, info = vec_env.step(low_action.cpu().numpy())
+                last = step == HIGH_HORIZON - 1 and t == SKILL_STEPS - 1  # the 200-step time limit
+                assert not terminated.any() and (truncated == last).all(), (step, t, terminated, truncated)
+                reward += r
+                coordinates.append(info["coordinates"])
+                goals.append(info.get("goal"))
+            observations.append(obs)
+            actions.append(action.cpu().numpy())
+            log_probs.append(log_prob.cpu().numpy())
+            raws.append(raw.cpu().numpy())
+            rewards.append(reward)
+        stack = (lambda xs: {k: np.stack([x[k] for x in xs], 1) for k in xs[0]}) if pixels else (
+            lambda xs: {"obs": np.stack(xs, 1)})
+        return {"obs": stack(observations), "action": np.stack(actions, 1), "log_prob": np.stack(log_probs, 1),
+                "raw": np.stack(raws, 1), "reward": np.stack(rewards, 1).astype(np.float32),
+                "coordinates": np.stack(coordinates, 1),
+                "goals": None if goals[0] is None else np.stack(goals, 1)}
+
+    # ------------------------------------------------------------ high-level networks and optimizers
+    policy_class = CategoricalPolicy if discrete else GaussianPolicy
+    policy = policy_class(observation_space, skill_dim, args.hidden_dim).to(device)
+    policy_optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
+    modules = {"policy": policy, "policy_optimizer": policy_optimizer}
+    log_alpha, rb = None, None
+    if task.algo == "sac":
+        q_args = (observation_space, 0, args.hidden_dim, skill_dim) if discrete else (
+            observation_space, skill_dim, args.hidden_dim)
+        qf1, qf2, qf1_target, qf2_target = (QNetwork(*q_args).to(device) for _ in range(4))
+        qf1_target.load_state_dict(qf1.state_dict())
+        qf2_target.load_state_dict(qf2.state_dict())
+        qf_params, qf_target_params = [*qf1.parameters(), *qf2.parameters()], [*qf1_target.parameters(),
+                                                                              *qf2_target.parameters()]
+        qf_optimizer = torch.optim.Adam(qf_params, lr=args.lr)
+        log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
+        alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.lr)
+        target_entropy = math.log(skill_dim) if discrete else -skill_dim / 2  # the official targets (spec §4.4, §5.16)
+        rb = EpisodeBuffer(args.buffer_size, observation_space, () if discrete else (skill_dim,),
+                           np.int64 if discrete else np.float32, rng)
+        modules |= {"qf1": qf1, "qf2": qf2, "qf1_target": qf1_target, "qf2_target": qf2_target,
+                    "qf_optimizer": qf_optimizer, "alpha_optimizer": alpha_optimizer}
+    else:
+        value = QNetwork(observation_space, 0, args.hidden_dim).to(device)
+        value_optimizer = torch.optim.Adam(value.parameters(), lr=args.lr)
+        modules |= {"value": value, "value_optimizer": value_optimizer}
+
+    def new_window():  # what happened since the last evaluation: the means and speeds the next one reports
+        return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
+
+    start_epoch, grad_steps, wall_time, since_eval, eval_returns = 0, 0, 0.0, new_window(), []
+    if ckpt:
+        for name, module in modules.items():
+            module.load_state_dict(ckpt[name])
+        if log_alpha is not None:
+            with torch.no_grad():
+                log_alpha.copy_(ckpt["log_alpha"])
+            rb.load_state_dict(ckpt["buffer"])
+        start_epoch, grad_steps, wall_time, eval_returns = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"], ckpt[
+            "eval_returns"]
+        torch.set_rng_state(ckpt["torch_rng"])
+        if device.type == "cuda" and ckpt["cuda_rng"] is not None:
+            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+        rng.bit_generator.state = ckpt["numpy_rng"]
+        for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
+            env.unwrapped.np_random.bit_generator.state = state
+        window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
+        since_eval = {**window, "stats": [s.to(device) for s in window["stats"]], "start": time.time() - window["start"]}
+        print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
+
+    def save_checkpoint(epoch):
+        state = {"agent": "hierarchical", "args": asdict(args), "child_agent": child_ckpt["agent"], "run_name": run_name,
+                 "epoch": epoch, "grad_steps": grad_steps, "wall_time": wall_time + time.time() - segment_start,
+                 "eval_returns": eval_returns, "torch_rng": torch.get_rng_state(),
+                 "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+                 "numpy_rng": rng.bit_generator.state,
+                 "env_rngs": [e.unwrapped.np_random.bit_generator.state for e in train_envs.envs + eval_envs.envs],
+                 "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
+                 **({"log_alpha": log_alpha.detach().cpu(), "buffer": rb.state_dict()} if log_alpha is not None else {}),
+                 **{name: module.state_dict() for name, module in modules.items()}}
+        path = os.path.join(run_dir, "checkpoint.pt")
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+
+    def act_deterministically(obs):  # the mode (or most likely skill), in run_episodes' (action, log π, raw) form
+        action = policy.mode(obs)
+        return action, torch.zeros(len(action)), action
+
+    def evaluate(epoch, epoch_stats):
+        """Deterministic high-level episodes → mean return, the mean of the last 10 evaluations, a plot."""
+        episodes = run_episodes(eval_envs, act_deterministically)
+        returns = episodes["reward"].sum(1)
+        eval_returns.append(float(returns.mean()))
+        env_steps = epoch * steps_per_epoch
+        result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
+                  "wall_time": round(wall_time + time.time() - segment_start, 2), "return": eval_returns[-1],
+                  "return_past10": float(np.mean(eval_returns[-10:])), "return_min": float(returns.min()),
+                  "return_max": float(returns.max()), **epoch_stats,
+                  "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+        plot_episodes(episodes["coordinates"], episodes["goals"], os.path.join(run_dir, f"episodes_{env_steps:010d}.png"),
+                      f"{args.task} over {child_ckpt['agent']} skills, {env_steps:,} env steps, "
+                      f"return {result['return']:.1f}")
+        for key in ("return", "return_past10"):
+            writer.add_scalar(f"eval/{key}", result[key], env_steps)
+        with open(os.path.join(run_dir, "eval.jsonl"), "a") as f:
+            f.write(json.dumps(result) + "\n")
+        print(f"eval  epoch {epoch} | env steps {env_steps:,} | return {result['return']:.3g} | past 10 "
+              f"{result['return_past10']:.3g} | " + " | ".join(f"{k} {v:.4g}" for k, v in epoch_stats.items()),
+              flush=True)
+
+    # ------------------------------------------------------------ SAC: one gradient step (spec §1.7, §4.4)
+    def sac_update(batch):
+        obs, next_obs, action, reward, done = batch["obs"], batch["next_obs"], batch["action"], batch["reward"], \
+            batch["done"]
+        alpha = log_alpha.exp().detach()
+        with torch.no_grad():
+            if discrete:  # V̄(s') = Σ_k π(k|s') (min_i Q̄_i(s', k) - α log π(k|s'))
+                next_dist = policy.dist(next_obs)
+                next_q = torch.min(qf1_target(next_obs), qf2_target(next_obs))
+                next_value = (next_dist.probs * (next_q - alpha * next_dist.logits.log_softmax(-1))).sum(-1)
+            else:  # V̄(s') = min_i Q̄_i(s', a') - α log π(a'|s'), a' ~ π(·|s')
+                next_action, next_log_prob, _ = policy.sample(next_obs)
+                next_value = torch.min(qf1_target(next_obs, next_action), qf2_target(next_obs, next_action)) - \
+                    alpha * next_log_prob
+            target = sac_target(reward, done, next_value, args.gamma)
+        if discrete:
+            q1, q2 = qf1(obs).gather(-1, action[:, None]).squeeze(-1), qf2(obs).gather(-1, action[:, None]).squeeze(-1)
+        else:
+            q1, q2 = qf1(obs, action), qf2(obs, action)
+        qf_loss = 0.5 * F.mse_loss(q1, target) + 0.5 * F.mse_loss(q2, target)
+        qf_optimizer.zero_grad()
+        qf_loss.backward()
+        qf_optimizer.step()
+
+        qf1.requires_grad_(False), qf2.requires_grad_(False)  # the actor's gradient flows through Q, not into it
+        if discrete:  # L(π) = E_s Σ_k π(k|s) (α log π(k|s) - min_i Q_i(s, k))
+            dist = policy.dist(obs)
+            log_pi = dist.logits.log_softmax(-1)
+            actor_loss = (dist.probs * (alpha * log_pi - torch.min(qf1(obs), qf2(obs)))).sum(-1).mean()
+            log_prob = (dist.probs * log_pi).sum(-1)  # -H(π(·|s))
+        else:  # L(π) = E[α log π(a|s) - min_i Q_i(s, a)], a ~ π(·|s)
+            new_action, log_prob, _ = policy.sample(obs)
+            actor_loss = (alpha * log_prob - torch.min(qf1(obs, new_action), qf2(obs, new_action))).mean()
+        policy_optimizer.zero_grad()
+        actor_loss.backward()
+        policy_optimizer.step()
+        qf1.requires_grad_(True), qf2.requires_grad_(True)
+
+        alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
+        alpha_optimizer.zero_grad()
+        alpha_loss.backward()
+        alpha_optimizer.step()
+        with torch.no_grad():  # Q̄ ← (1 - τ) Q̄ + τ Q
+            torch._foreach_lerp_(qf_target_params, qf_params, args.tau)
+        return torch.stack([qf_loss, actor_loss, alpha_loss, alpha, q1.mean()]).detach()
+
+    # ------------------------------------------------------------ PPO: one epoch's updates (spec §4.4)
+    def ppo_update(episodes):
+        obs = episodes["obs"] if pixels else episodes["obs"]["obs"]
+        num_episodes = len(episodes["reward"])
+        flat = (lambda x: {k: v[:, :-1].reshape(-1, *v.shape[2:]) for k, v in x.items()}) if pixels else (
+            lambda x: x[:, :-1].reshape(-1, *x.shape[2:]))
+        states = as_tensor(flat(obs), device)
+        with torch.no_grad():
+            values = value(states).reshape(num_episodes, HIGH_HORIZON)
+        rewards = torch.as_tensor(episodes["reward"], device=device)
+        advantages, returns = gae(rewards, values, args.gamma, args.gae_lambda)
+        raws = torch.as_tensor(episodes["raw"], device=device).flatten(0, 1)  # skill indices, or pre-tanh actions
+        old_log_probs = torch.as_tensor(episodes["log_prob"], device=device).reshape(-1)
+        advantages, returns = advantages.reshape(-1), returns.reshape(-1)
+        stats = []
+        for _ in range(args.grad_steps_per_epoch):
+            i = torch.as_tensor(rng.integers(0, len(returns), args.batch_size), device=device)
+            batch_obs = {k: v[i] for k, v in states.items()} if pixels else states[i]
+            dist = policy.dist(batch_obs)
+            if discrete:
+                log_prob, entropy = dist.log_prob(raws[i]), dist.entropy()
+            else:  # the tanh correction cancels in the ratio; the bonus is the pre-tanh Gaussian's entropy
+                log_prob, entropy = GaussianPolicy.squash(dist, raws[i])[1], dist.entropy().sum(-1)
+            policy_loss = ppo_policy_loss(log_prob, old_log_probs[i], advantages[i], entropy, args.clip,
+                                          args.entropy_coef)
+            policy_optimizer.zero_grad()
+            policy_loss.backward()
+            policy_optimizer.step()
+            value_loss = F.mse_loss(value(batch_obs), returns[i])
+            value_optimizer.zero_grad()
+            value_loss.backward()
+            value_optimizer.step()
+            stats.append(torch.stack([policy_loss, value_loss, entropy.mean()]).detach())
+        return torch.stack(stats)
+
+    stat_names = ("qf_loss", "actor_loss", "alpha_loss", "alpha", "q") if task.algo == "sac" else (
+        "policy_loss", "value_loss", "entropy")
+
+    # ------------------------------------------------------------ main loop
+    segment_start = time.time()
+    for epoch in range(start_epoch, num_epochs + 1):
+        if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
+            stats = dict(zip(stat_names, torch.stack(since_eval["stats"]).mean(0).tolist())) if since_eval["stats"] else {}
+            if since_eval["env_steps"]:
+                stats["sps"] = since_eval["env_steps"] / (time.time() - since_eval["start"])
+            if since_eval["grad_steps"]:
+                stats["ms_per_grad_step"] = 1000 * since_eval["train_time"] / since_eval["grad_steps"]
+            evaluate(epoch, stats)
+            since_eval = new_window()
+        if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
+            save_checkpoint(epoch)
+        if epoch == num_epochs:
+            break
+
+        # collect one high-level episode per env with the stochastic high-level policy
+        episodes = run_episodes(train_envs, policy.sample)
+        since_eval["env_steps"] += steps_per_epoch
+        env_steps = (epoch + 1) * steps_per_epoch
+        writer.add_scalar("charts/episode_return", episodes["reward"].sum(1).mean(), env_steps)
+
+        # train
+        train_start, losses = time.time(), None
+        if task.algo == "ppo":
+            losses = ppo_update(episodes)
+        else:
+            rb.add(episodes["obs"], episodes["action"], episodes["reward"])
+            if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
+                losses = torch.stack([sac_update(rb.sample(args.batch_size, device))
+                                      for _ in range(args.grad_steps_per_epoch)])
+        if losses is not None and len(losses):
+            bad = ~torch.isfinite(losses)
+            if bad.any():
+                step, which = bad.nonzero()[0].tolist()
+                error(f"{stat_names[which]} is {losses[step, which].item()} at gradient step {grad_steps + step + 1} "
+                      f"(epoch {epoch}); the last good checkpoint is in {run_dir}")
+            grad_steps += len(losses)
+            since_eval["train_time"] += time.time() - train_start
+            since_eval["grad_steps"] += len(losses)
+            since_eval["stats"].append(losses.mean(0))
+            for name, v in zip(stat_names, losses.mean(0).tolist()):
+                writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", v, env_steps)
+        sps = int((epoch + 1 - start_epoch) * steps_per_epoch / (time.time() - segment_start))
+        writer.add_scalar("charts/SPS", sps, env_steps)
+        if (epoch + 1) % 10 == 0:
+            print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | episode return "
+                  f"{episodes['reward'].sum(1).mean():.3g}", flush=True)
+
+    train_envs.close()
+    eval_envs.close()
+    writer.close()
+    if args.track:
+        wandb.finish()
+    print(f"done: {run_dir}")
+
+
+if __name__ == "__main__":
+    main(*parse_args())

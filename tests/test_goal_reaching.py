@@ -1,0 +1,126 @@
+"""goal_reaching.py: the metrics on scripted trajectories, the goal observations, each skill inference on hand-set
+φ outputs, end to end on tiny checkpoints of every goal-capable agent, and bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import FIVE_EPOCHS, name, run_agent
+
+import csf
+import diayn
+import envs
+import goal_reaching
+import metra
+import visr
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METRIC_KEYS = {"staying_time_3", "hit_3", "end_3", "staying_time_1", "hit_1", "end_1", "final_distance", "progress"}
+
+
+def test_metrics_of_a_scripted_episode():
+    start, goal = np.array([10.0, 0.0]), np.array([0.0, 0.0])
+    positions = np.array([[5.0, 0.0], [2.5, 0.0], [0.0, 0.5], [3.0, 4.0]])  # distances 5, 2.5, 0.5, 5 after each step
+    m = goal_reaching.goal_metrics(start, positions, goal)
+    assert m == {"staying_time_3": 0.5, "hit_3": 1.0, "end_3": 0.0, "staying_time_1": 0.25, "hit_1": 1.0,
+                 "end_1": 0.0, "final_distance": 5.0, "progress": 5.0}
+    # 1-D (HalfCheetah): ends inside both radii; the start is not a post-step position and never counts
+    m = goal_reaching.goal_metrics(np.array([0.0]), np.array([[50.0], [99.5], [100.2]]), np.array([100.0]))
+    assert (m["staying_time_3"], m["staying_time_1"], m["end_1"]) == (pytest.approx(2 / 3), pytest.approx(2 / 3), 1.0)
+    assert m["final_distance"] == pytest.approx(0.2) and m["progress"] == pytest.approx(99.8)
+
+
+@pytest.mark.parametrize("env_id", ["Ant", "HalfCheetah"])
+def test_a_state_goal_is_a_reset_state_with_only_its_position_replaced(env_id):
+    env = envs.make_env(env_id).unwrapped
+    env.reset(seed=0)
+    goal = np.array([12.5, -30.0])[: env.coord_dim]
+    obs = env.goal_observation(goal)
+    # the env stays in the goal state: its position is the goal, the rest a fresh reset pose and velocity
+    assert np.array_equal(env.data.qpos[: env.coord_dim], goal)
+    assert np.all(np.abs(env.data.qpos[env.coord_dim:] - env.model.qpos0[env.coord_dim:]) <= 0.1)
+    assert np.abs(env.data.qvel).max() < 1.0
+    assert np.array_equal(obs, env._obs())  # normalized as every observation of the env
+    assert not np.allclose(obs[: env.coord_dim], 0)
+
+
+def test_skill_inference_on_hand_set_phi():
+    phi_goal, phi_obs = torch.tensor([[3.0, 5.0, 1.0]]), torch.tensor([[0.0, 1.0, 1.0]])
+    # CSF / METRA: the unit direction φ(g) - φ(s) = (3, 4, 0) / 5
+    for agent in ("csf", "metra"):
+        assert goal_reaching.infer_skill(agent, False, phi_goal, phi_obs)[0].tolist() == pytest.approx([0.6, 0.8, 0.0])
+    # one-hot METRA: the largest coordinate of φ(g) - φ(s) (index 1), not of φ(g) alone
+    assert goal_reaching.infer_skill("metra", True, phi_goal, torch.tensor([[0.0, 4.0, 1.0]])).tolist() == [[1, 0, 0]]
+    # VISR: ê(g), whatever s is
+    expected = (phi_goal / phi_goal.norm())[0].tolist()
+    assert goal_reaching.infer_skill("visr", False, phi_goal, phi_obs)[0].tolist() == pytest.approx(expected)
+    # DIAYN: argmax q(·|g)
+    assert goal_reaching.infer_skill("diayn", True, phi_goal, phi_obs).tolist() == [[0, 1, 0]]
+
+
+def reach(checkpoint, *flags):
+    return goal_reaching.main(*goal_reaching.parse_args(["--checkpoint", checkpoint, "--no-cuda", *flags]))
+
+
+@pytest.mark.parametrize("agent", [csf, metra, diayn, visr], ids=name)
+def test_end_to_end_on_a_tiny_checkpoint(agent, tiny_run):
+    run_dir, _ = tiny_run(agent, *FIVE_EPOCHS)
+    checkpoint = os.path.join(run_dir, "checkpoint.pt")
+    report = reach(checkpoint, "--num-goals", "2", "--seed", "4")
+    assert report["agent"] == name(agent) and report["env_steps"] == 2000 and list(report["results"]) == ["adaptive"]
+    result = report["results"]["adaptive"]
+    assert len(result["per_goal"]) == 2 and set(result["mean"]) == METRIC_KEYS
+    for goal in result["per_goal"]:
+        assert np.all(np.abs(goal["goal"]) <= 50)
+        for radius in ("3", "1"):
+            assert 0 <= goal[f"staying_time_{radius}"] <= goal[f"hit_{radius}"] <= 1
+        assert goal["final_distance"] >= 0
+    with open(os.path.join(run_dir, "goal_reaching.json")) as f:
+        assert json.load(f)["results"] == report["results"]
+    assert os.path.getsize(os.path.join(run_dir, "goal_reaching.png")) > 0
+    again = reach(checkpoint, "--num-goals", "2", "--seed", "4")
+    assert again["results"] == report["results"]  # same seed, same numbers
+    other = reach(checkpoint, "--num-goals", "1", "--seed", "5", "--deterministic")
+    assert other["results"]["adaptive"]["per_goal"][0]["goal"] != result["per_goal"][0]["goal"]
+
+
+def test_one_hot_metra_reports_the_single_and_the_adaptive_inference(tmp_path):
+    run_dir = run_agent(metra, tmp_path, "--env-id", "HalfCheetah", "--total-env-steps", "400", "--num-envs", "2",
+                        "--learning-starts", "400", "--grad-steps-per-epoch", "1", "--batch-size", "8",
+                        "--hidden-dim", "8", "--num-eval-skills", "1", "--no-cuda")
+    report = reach(os.path.join(run_dir, "checkpoint.pt"), "--num-goals", "2")
+    assert list(report["results"]) == ["adaptive", "single"]
+    goals = [[g["goal"] for g in report["results"][v]["per_goal"]] for v in ("adaptive", "single")]
+    assert goals[0] == goals[1] and all(len(g) == 1 and abs(g[0]) <= 100 for g in goals[0])  # the same 1-D goals
+    for variant in ("adaptive", "single"):
+        assert os.path.isfile(os.path.join(run_dir, f"goal_reaching_{variant}.png"))
+
+
+def refuses(argv):
+    with pytest.raises(SystemExit) as stop:
+        goal_reaching.parse_args(argv)
+    message = str(stop.value.code)
+    assert "\n" not in message and message.startswith("goal_reaching.py: error: ")
+    return message
+
+
+def test_bad_input_is_one_line(tmp_path):
+    assert "give exactly one of" in refuses([])
+    assert "no checkpoint file at nope.pt" in refuses(["--checkpoint", "nope.pt"])
+    assert "no run folder at" in refuses(["--run", str(tmp_path / "missing")])
+    (tmp_path / "empty_run").mkdir()
+    assert "holds no checkpoint.pt" in refuses(["--run", str(tmp_path / "empty_run")])
+    (tmp_path / "corrupt.pt").write_bytes(b"\x00not a checkpoint")
+    assert "is not a readable checkpoint" in refuses(["--checkpoint", str(tmp_path / "corrupt.pt")])
+    for other in ("cic", "dads"):
+        torch.save({"agent": other, "args": {"env_id": "Ant"}}, tmp_path / f"{other}.pt")
+        assert f"the paper defines no zero-shot goal inference for {other}" in refuses(
+            ["--checkpoint", str(tmp_path / f"{other}.pt")])
+    assert "--num-goals must be in [1, inf)" in refuses(["--checkpoint", "x.pt", "--num-goals", "0"])
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "goal_reaching.py"), "--run", str(tmp_path / "empty_run")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

@@ -1,0 +1,146 @@
+"""hierarchical.py: the action → skill mappings, GAE and the PPO loss on hand cases, a child that stays frozen, smoke
+runs of SAC (continuous and one-hot children) and PPO from tiny checkpoints the tests train, and bad input."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import FIVE_EPOCHS, load, read_evals, run_agent
+
+import csf
+import diayn
+import hierarchical
+import metra
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# 2 high-level episodes (2 × 200 low-level steps) per epoch, evaluated every epoch on 2 episodes
+TINY = ("--num-envs", "2", "--batch-size", "8", "--hidden-dim", "16", "--num-eval-episodes", "2", "--eval-every", "1",
+        "--no-cuda")
+
+
+def test_action_to_skill():
+    a = torch.tensor([[3.0, -4.0], [0.5, 0.0]])
+    assert torch.allclose(hierarchical.action_to_skill(a, "sphere", 2), torch.tensor([[0.6, -0.8], [1.0, 0.0]]))
+    assert torch.equal(hierarchical.action_to_skill(a, "scaled", 2), 1.5 * a)
+    one_hot = hierarchical.action_to_skill(torch.tensor([2, 0]), "one-hot", 4)
+    assert one_hot.tolist() == [[0, 0, 1, 0], [1, 0, 0, 0]]
+
+
+def test_skill_kind_of_each_child():
+    kinds = {("csf", False): "sphere", ("visr", False): "sphere", ("metra", False): "sphere",
+             ("metra", True): "one-hot", ("diayn", None): "one-hot", ("cic", None): "scaled", ("dads", None): "scaled"}
+    for (agent, discrete), kind in kinds.items():
+        args = {} if discrete is None else {"discrete": discrete}
+        assert hierarchical.skill_kind({"agent": agent, "args": args}) == kind, agent
+
+
+def test_gae_and_monte_carlo_returns_on_a_hand_case():
+    rewards, values = torch.tensor([[1.0, 0.0, 2.0]]), torch.tensor([[0.5, 1.0, 1.5]])
+    gamma, lam = 0.5, 0.5
+    # the value after the last step is 0: δ = (1 + 0.5·1 - 0.5, 0 + 0.5·1.5 - 1, 2 - 1.5) = (1, -0.25, 0.5)
+    deltas = [1.0, -0.25, 0.5]
+    a2 = deltas[2]
+    a1 = deltas[1] + gamma * lam * a2
+    a0 = deltas[0] + gamma * lam * a1
+    advantages, returns = hierarchical.gae(rewards, values, gamma, lam)
+    assert advantages.tolist() == [pytest.approx([a0, a1, a2])]
+    assert returns.tolist() == [pytest.approx([1 + 0.5 * 0 + 0.25 * 2, 0 + 0.5 * 2, 2])]
+
+
+def test_ppo_loss_clips_the_ratio():
+    advantages = torch.tensor([1.0, -1.0])  # standardized: (1/√2·..): equal magnitude, opposite signs
+    old = torch.zeros(2)
+    # ratio e^0.5 ≈ 1.65 on both: the positive advantage is clipped at 1.2, the negative one is not (min)
+    loss = hierarchical.ppo_policy_loss(torch.full((2,), 0.5), old, advantages, torch.zeros(2), 0.2, 0.01)
+    std = advantages.std()
+    expected = -((1.2 * 1 / std) + (math.exp(0.5) * -1 / std)) / 2
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    with_entropy = hierarchical.ppo_policy_loss(torch.full((2,), 0.5), old, advantages, torch.full((2,), 3.0), 0.2, 0.01)
+    assert with_entropy.item() == pytest.approx(loss.item() - 0.03, rel=1e-5)
+
+
+def test_sac_over_a_frozen_csf_child_crosses_updates_and_evaluations(tiny_run, tmp_path, monkeypatch):
+    child_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    children = []
+
+    class RecordedActor(csf.Actor):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            children.append(self)
+
+    monkeypatch.setattr(csf, "Actor", RecordedActor)
+    run_dir = run_agent(hierarchical, tmp_path, "--checkpoint", child_dir, "--task", "AntMultiGoal",
+                        "--total-env-steps", "1200", "--learning-starts", "16", "--grad-steps-per-epoch", "2", *TINY)
+    lines = read_evals(run_dir)
+    # 16 high-level transitions stored after epoch 0: 2 updates in each of epochs 0, 1 and 2
+    assert [line["epoch"] for line in lines] == [0, 1, 2, 3] and [line["grad_steps"] for line in lines] == [0, 2, 4, 6]
+    for line in lines:
+        assert 0 <= line["return"] <= 199 and math.isfinite(line["return_past10"])  # +1 per step, never the first
+    assert lines[-1]["return_past10"] == pytest.approx(sum(line["return"] for line in lines) / 4)
+    for key in ("qf_loss", "actor_loss", "alpha_loss", "alpha", "q"):
+        assert math.isfinite(lines[-1][key]), key
+    (child,) = children  # the child is the agent script's own Actor, frozen: its weights are the checkpoint's
+    assert not any(p.requires_grad for p in child.parameters())
+    trained = load(os.path.join(child_dir, "checkpoint.pt"))["actor"]
+    assert all(torch.equal(child.state_dict()[k], v) for k, v in trained.items())
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    assert ckpt["agent"] == "hierarchical" and ckpt["child_agent"] == "csf" and ckpt["buffer"]["num_stored"] == 6
+    assert ckpt["args"]["checkpoint"] == os.path.join(child_dir, "checkpoint.pt")  # the run folder's newest checkpoint
+    assert os.path.isfile(os.path.join(run_dir, "episodes_0000001200.png"))
+
+
+def test_discrete_sac_over_a_diayn_child(tiny_run, tmp_path):
+    child_dir, _ = tiny_run(diayn, *FIVE_EPOCHS)
+    run_dir = run_agent(hierarchical, tmp_path, "--checkpoint", child_dir, "--task", "AntMultiGoal",
+                        "--total-env-steps", "800", "--learning-starts", "16", "--grad-steps-per-epoch", "2", *TINY)
+    first, *_, last = read_evals(run_dir)
+    assert last["grad_steps"] == 4 and math.isfinite(last["qf_loss"])  # 2 updates in each of the 2 epochs
+    assert last["alpha"] > 0.1  # target entropy +log 50 lies above any policy's entropy: α can only grow (spec §5.16)
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    actions = ckpt["buffer"]["actions"]
+    assert actions.dtype.kind == "i" and actions.min() >= 0 and actions.max() < 50  # one of the K = 50 skills
+
+
+def test_ppo_over_a_one_hot_metra_child(tmp_path):
+    (tmp_path / "child").mkdir()
+    child_dir = run_agent(metra, tmp_path / "child", "--env-id", "HalfCheetah", "--total-env-steps", "400",
+                          "--num-envs", "2", "--learning-starts", "400", "--grad-steps-per-epoch", "1",
+                          "--batch-size", "8", "--hidden-dim", "8", "--num-eval-skills", "1", "--no-cuda")
+    (tmp_path / "high").mkdir()
+    run_dir = run_agent(hierarchical, tmp_path / "high", "--checkpoint", child_dir, "--task", "HalfCheetahHurdle",
+                        "--total-env-steps", "800", "--grad-steps-per-epoch", "3", *TINY)
+    lines = read_evals(run_dir)
+    assert [line["grad_steps"] for line in lines] == [0, 3, 6]  # PPO learns from every epoch
+    for key in ("policy_loss", "value_loss", "entropy"):
+        assert math.isfinite(lines[-1][key]), key
+    assert 0 <= lines[-1]["entropy"] <= math.log(16) + 1e-6  # a categorical policy over the K = 16 skills
+    assert all(abs(line["return"]) <= 7 for line in lines)  # the 7 hurdles at x ≥ 0, crossed or recrossed
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    assert "value" in ckpt and "buffer" not in ckpt
+
+
+def refuses(argv):
+    with pytest.raises(SystemExit) as stop:
+        hierarchical.parse_args(argv)
+    message = str(stop.value.code)
+    assert "\n" not in message and message.startswith("hierarchical.py: error: "), message
+    return message
+
+
+def test_bad_input_is_one_line(tiny_run, tmp_path):
+    child_dir, _ = tiny_run(csf, *FIVE_EPOCHS)  # an Ant child
+    assert "unknown --task 'AntMaze'" in refuses(["--checkpoint", child_dir, "--task", "AntMaze"])
+    assert "holds skills learned on Ant; HalfCheetahGoal needs skills learned on HalfCheetah" in refuses(
+        ["--checkpoint", child_dir, "--task", "HalfCheetahGoal"])
+    assert "no checkpoint file at nope.pt" in refuses(["--checkpoint", "nope.pt"])
+    (tmp_path / "empty").mkdir()
+    assert "holds no checkpoint" in refuses(["--checkpoint", str(tmp_path / "empty")])
+    (tmp_path / "bad.pt").write_bytes(b"garbage")
+    assert "is not a readable checkpoint" in refuses(["--checkpoint", str(tmp_path / "bad.pt")])
+    assert "--gamma must be in [0, 1), got 1.0" in refuses(["--checkpoint", child_dir, "--gamma", "1"])
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "hierarchical.py"), "--checkpoint", child_dir, "--task",
+                           "HumanoidGoal"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
