@@ -1,0 +1,113 @@
+"""benchmarks/sweep.py: the report on hand-made runs, a local sweep that finishes and reports, a killed sweep that a
+second run resumes, the SLURM parameters through submitit's debug executor, and refused combinations."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import submitit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import sweep  # noqa: E402
+
+TINY = ["--num-envs", "2", "--learning-starts", "400", "--grad-steps-per-epoch", "2", "--batch-size", "16",
+        "--hidden-dim", "16", "--num-eval-skills", "2", "--eval-every", "1", "--no-cuda"]
+
+
+def write_run(folder, coverages, steps=(0, 800, 1600)):
+    os.makedirs(os.path.join(folder, "runs", "r"))
+    with open(os.path.join(folder, "runs", "r", "eval.jsonl"), "w") as f:
+        for s, c in zip(steps, coverages):
+            f.write(json.dumps({"env_steps": s, "coverage": c}) + "\n")
+
+
+def test_report_of_hand_made_runs(tmp_path):
+    lines = []
+    for agent, seed, coverages in (("csf", 1, [4, 10, 30]), ("csf", 2, [4, 20, 50]), ("metra", 1, [5, 7, 9])):
+        folder = f"{agent}_Ant_seed{seed}"
+        write_run(tmp_path / folder, coverages)
+        lines.append({"agent": agent, "env_id": "Ant", "seed": seed, "status": "done", "folder": folder,
+                      "command": f"python {agent}.py --env-id Ant --seed {seed}"})
+    goal = {"results": {"adaptive": {"mean": {"staying_time_3": 0.25, "final_distance": 12.0}}}}
+    (tmp_path / "csf_Ant_seed1" / "runs" / "r" / "goal_reaching.json").write_text(json.dumps(goal))
+    (tmp_path / "sweep.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    sweep.report(str(tmp_path))
+    text = (tmp_path / "report.md").read_text()
+    assert "| csf | Ant | 1, 2 | 1,600 | 40.0 (30–50) | 12 | 0.25 |" in text  # final distance, staying time
+    assert "| metra | Ant | 1 | 1,600 | 9.0 (9–9) | – | – |" in text
+    assert (tmp_path / "report.png").stat().st_size > 0
+    steps, mean, low, high = sweep.curves([[{"env_steps": 0, "coverage": 4}, {"env_steps": 800, "coverage": 10}],
+                                           [{"env_steps": 0, "coverage": 6}]])
+    assert steps.tolist() == [0] and (mean[0], low[0], high[0]) == (5, 4, 6)  # only the steps every seed reached
+
+
+def run_sweep(sweep_dir, *extra, **popen):
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "sweep.py"), "--sweep-dir", str(sweep_dir),
+               "--progress-every", "1", *extra]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def test_local_sweep_finishes_reports_and_skips_what_is_done(tmp_path):
+    proc = run_sweep(tmp_path, "--agents", "csf", "metra", "--env-ids", "Ant", "--seeds", "1", "2", "--workers", "2",
+                     "--", "--total-env-steps", "400", *TINY)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    states = [json.loads(line) for line in (tmp_path / "sweep.jsonl").read_text().splitlines()]
+    assert [(s["agent"], s["seed"], s["status"]) for s in states] == [
+        ("csf", 1, "done"), ("csf", 2, "done"), ("metra", 1, "done"), ("metra", 2, "done")]
+    assert "| csf | Ant | 1, 2 | 400 |" in (tmp_path / "report.md").read_text()
+    proc = run_sweep(tmp_path, "--agents", "csf", "metra", "--env-ids", "Ant", "--seeds", "1", "2", "--",
+                     "--total-env-steps", "400", *TINY)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "4 runs, 4 already done" in out  # the same command again: nothing to run
+
+
+def test_a_killed_sweep_resumes_from_the_checkpoints(tmp_path):
+    flags = ["--agents", "csf", "--env-ids", "Ant", "--seeds", "1", "--", "--total-env-steps", "2000",
+             "--checkpoint-every", "1", *TINY]
+    proc = run_sweep(tmp_path, *flags, start_new_session=True)
+    folder = tmp_path / "csf_Ant_seed1"
+    deadline = time.time() + 300
+    while not list(folder.glob("runs/*/checkpoint.pt")) and time.time() < deadline:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # the sweep, submitit's controller and the agent: the whole group
+    proc.wait()
+    (run_dir,) = folder.glob("runs/*")
+    interrupted = [json.loads(line)["epoch"] for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert interrupted[-1] < 5
+    proc = run_sweep(tmp_path, *flags)  # the same command again
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert "resumed" in (folder / "stdout.log").read_text()
+    epochs = [json.loads(line)["epoch"] for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert epochs[-1] == 5 and epochs == sorted(set(epochs))  # continued to the budget, no evaluation twice
+
+
+def test_slurm_parameters_through_the_debug_executor(tmp_path):
+    args = SimpleNamespace(partition="gpu", gpus_per_run=1, time=90, mem=16, cpus_per_run=4)
+    params = sweep.slurm_parameters(args)
+    assert params == {"slurm_partition": "gpu", "gpus_per_node": 1, "timeout_min": 90, "mem_gb": 16,
+                      "cpus_per_task": 4, "nodes": 1, "tasks_per_node": 1}
+    executor = submitit.AutoExecutor(tmp_path, cluster="debug")
+    executor.update_parameters(**params)  # every parameter is one submitit knows
+    (tmp_path / "run").mkdir()
+    job = executor.submit(sweep.run_job, [sys.executable, "-c", "print('hello from a run')"], str(tmp_path / "run"), 1)
+    assert job.result() == 0 and "hello from a run" in (tmp_path / "run" / "stdout.log").read_text()
+
+
+def test_refused_combinations_are_skipped_with_one_line(tmp_path, capsys):
+    runs = sweep.plan(["csf", "metra"], ["Ant", "Hopper"], [1, 2], ["--hidden-dim", "16"], str(tmp_path))
+    assert [(r["agent"], r["env_id"], r["seed"]) for r in runs] == [("csf", "Ant", 1), ("csf", "Ant", 2),
+                                                                    ("metra", "Ant", 1), ("metra", "Ant", 2)]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"skipped {a} on Hopper: {a}.py: error: unknown --env-id 'Hopper'; choose one of "
+                     + ", ".join(sweep.envs.ENV_SPECS) for a in ("csf", "metra")]
+    assert runs[0]["final_env_steps"] == 64_000_000  # the paper's budget, from the agent's own defaults
+    with pytest.raises(SystemExit):
+        sweep.main(["--report", str(tmp_path)])  # not a sweep folder
