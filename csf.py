@@ -24,6 +24,12 @@ Deliberate differences from the official code (none changes the algorithm behind
     of the horizon is rounded down to whole trajectories (the paper's 1M and 300k are). A checkpoint also
     holds the loss means since the last evaluation, so a run resumed from any epoch reports what the
     uninterrupted run does.
+  - the paper's ablations are flags (defaults: the paper's CSF). --critic gaussian / laplacian compare
+    φ(s') - φ(s) with z (-½‖Δφ - z‖², -‖Δφ - z‖₁): the paper writes the kernels without z, but a critic of
+    (s, s', z) that ignores z cannot tell skills apart. --critic mlp makes φ a network of the pair (s, s'),
+    MLP(s, s')ᵀz, and its "Δφ" is that network's output. A reward that is not linear in z (the kernels, or
+    --reward mutual-information) is split as r = Δφᵀz + (r - Δφᵀz): ψ keeps the first part, and one more
+    output of each ψ network, a scalar head ψ₀, sums the second, so Q = ψᵀz + ψ₀.
   - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
     22 GB at 300k transitions, same samples); envs.py renders without shadows or multisampling (10-15x
     faster on a CPU, the floor gradient and the body stay visible) and seeds every env differently, where
@@ -64,7 +70,7 @@ NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 @dataclass
 class Args:
     env_id: str = "Ant"
-    """the environment: Ant, HalfCheetah (states), Quadruped or Humanoid (64×64 pixels)"""
+    """the environment: Ant, HalfCheetah (states), Quadruped, Humanoid, Kitchen or Robobin (64×64 pixels)"""
     skill_dim: Optional[int] = None
     """dimension d of the skill z on the unit sphere (unset: the paper's: Ant 2, HalfCheetah 2, Quadruped 4, Humanoid 8)"""
     seed: int = 1
@@ -72,19 +78,21 @@ class Args:
     total_env_steps: Optional[int] = None
     """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states, 4.8M on pixels)"""
     num_envs: Optional[int] = None
-    """trajectories collected per epoch, one skill each, stepped together (unset: 8)"""
+    """trajectories collected per epoch, one skill each, stepped together (unset: 8, Robobin 10)"""
     grad_steps_per_epoch: Optional[int] = None
-    """gradient steps after each collection round (unset: 50 on states, 200 on pixels)"""
+    """gradient steps after each collection round (unset: 50 on states, 200 on Quadruped and Humanoid, 100 on
+    Kitchen and Robobin)"""
     learning_starts: int = 10_000
     """transitions stored before the first gradient step"""
     batch_size: int = 256
     """transitions per minibatch, sampled uniformly with replacement"""
     buffer_size: Optional[int] = None
-    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels)"""
+    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels, Kitchen 100k)"""
     hidden_dim: int = 1024
     """width of the two hidden layers of φ, ψ and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
     eval_every: Optional[int] = None
-    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, pixels 125); the last epoch is always evaluated"""
+    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, Quadruped and Humanoid 125, Kitchen 250, Robobin
+    500); the last epoch is always evaluated"""
     checkpoint_every: Optional[int] = None
     """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
     resume: Optional[str] = None
@@ -102,7 +110,13 @@ class Args:
     num_eval_skills: int = 48
     """deterministic evaluation rollouts per evaluation, one fresh skill each (the paper's 48)"""
     xi: float = 5.0
-    """ξ, the weight of the log-sum-exp (negative) term of the contrastive lower bound"""
+    """ξ, the weight of the log-sum-exp (negative) term of the contrastive lower bound (paper App.: 2, 5, 10 beat ≤ 1)"""
+    critic: str = "inner"
+    """the critic f(s, s', z) of the bound: inner (φ(s') - φ(s))ᵀz (the paper's), mlp MLP(s, s')ᵀz, gaussian
+    -½‖φ(s') - φ(s) - z‖², laplacian -‖φ(s') - φ(s) - z‖₁ (paper §6: every alternative to inner is catastrophic)"""
+    reward: str = "bottleneck"
+    """bottleneck: r = f(s, s', z), the paper's information-bottleneck reward; mutual-information: r = f(s, s', z)
+    - ξ log Σ_j exp f(s, s', z'_j), the contrastive bound itself (paper §6: CSF then fails to discover skills)"""
     num_negatives: int = 256
     """fresh prior samples z' per gradient step in the log-sum-exp"""
     gamma: float = 0.99
@@ -126,6 +140,8 @@ FLAG_RANGES = {
     "num_eval_skills": "[1, inf)", "xi": "[0, inf)", "num_negatives": "[1, inf)", "gamma": "[0, 1)",
     "tau": "(0, 1]", "lr": "(0, inf)", "alpha_init": "(0, inf)",
 }
+# Every choice flag and its choices.
+FLAG_CHOICES = {"critic": ("inner", "mlp", "gaussian", "laplacian"), "reward": ("bottleneck", "mutual-information")}
 # What --resume may change: neither the learning problem nor the random streams depend on these.
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "track",
                      "wandb_project_name", "wandb_entity", "capture_video", "compile")
@@ -168,6 +184,9 @@ def parse_args(argv=None):
     for flag, interval in FLAG_RANGES.items():
         if not in_range(getattr(args, flag), interval):
             error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
+    for flag, choices in FLAG_CHOICES.items():
+        if getattr(args, flag) not in choices:
+            error(f"--{flag.replace('_', '-')} must be one of {', '.join(choices)}, got {getattr(args, flag)!r}")
     steps_per_epoch = args.num_envs * spec.horizon
     if args.buffer_size < steps_per_epoch:
         error(f"--buffer-size must hold one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} transitions), "
@@ -192,26 +211,56 @@ def sample_skills(n, skill_dim, generator=None):
 
 
 # ---------------------------------------------------------------- losses (spec §2.1)
-def contrastive_phi_loss(dphi, skill, negatives, xi):
-    """L(φ) = -E[(φ(s') - φ(s))ᵀz] + ξ E[log Σ_j exp((φ(s') - φ(s))ᵀz'_j)]   (paper Eq. 8 with ξ, Alg. 1)
+def critic_value(x, skill, critic="inner"):
+    """f(s, s', z) from the transition features x (φ(s') - φ(s), or MLP(s, s') for the mlp critic), broadcasting:
+    inner and mlp xᵀz (paper Eq. 7), gaussian -½‖x - z‖², laplacian -‖x - z‖₁ (the paper's §6 kernels, with z)."""
+    if critic == "gaussian":
+        return -0.5 * (x - skill).pow(2).sum(-1)
+    if critic == "laplacian":
+        return -(x - skill).abs().sum(-1)
+    return (x * skill).sum(-1)
 
-    dphi: (B, d) = φ(s') - φ(s); skill: (B, d) the positives; negatives: (M, d) prior samples shared by the batch.
-    A plain log-sum-exp (no 1/M, no temperature), the positive not among the negatives. Returns the loss
-    and the batch mean of the log-sum-exp term, which sits at log M while Δφ ≈ 0.
+
+def negative_logsumexp(x, negatives, critic="inner"):
+    """log Σ_j exp f(s, s', z'_j) per sample, over the M negatives shared by the batch: (B,)."""
+    scores = x @ negatives.T if critic in ("inner", "mlp") else critic_value(x[:, None], negatives[None], critic)
+    return torch.logsumexp(scores, dim=-1)
+
+
+def contrastive_phi_loss(dphi, skill, negatives, xi, critic="inner"):
+    """L(φ) = -E[f(s, s', z)] + ξ E[log Σ_j exp f(s, s', z'_j)], f = (φ(s') - φ(s))ᵀz   (paper Eq. 8 with ξ, Alg. 1)
+
+    dphi: (B, d) = φ(s') - φ(s) (or MLP(s, s')); skill: (B, d) the positives; negatives: (M, d) prior samples shared
+    by the batch. A plain log-sum-exp (no 1/M, no temperature), the positive not among the negatives. Returns the
+    loss and the batch mean of the log-sum-exp term, which sits at log M while Δφ ≈ 0.
     """
-    positive = (dphi * skill).sum(-1)  # (φ(s') - φ(s))ᵀz
-    logsumexp = torch.logsumexp(dphi @ negatives.T, dim=-1)  # log Σ_j exp((φ(s') - φ(s))ᵀz'_j)
+    positive = critic_value(dphi, skill, critic)  # f(s, s', z)
+    logsumexp = negative_logsumexp(dphi, negatives, critic)  # log Σ_j exp f(s, s', z'_j)
     return -(positive - xi * logsumexp).mean(), logsumexp.mean()
+
+
+def intrinsic_reward(x, skill, negatives, xi, critic="inner", reward="bottleneck"):
+    """r(s, s', z): the bottleneck reward f(s, s', z) (paper Eq. 9: the negative term left out), or with
+    --reward mutual-information the per-sample contrastive bound f(s, s', z) - ξ log Σ_j exp f(s, s', z'_j)."""
+    r = critic_value(x, skill, critic)
+    return r - xi * negative_logsumexp(x, negatives, critic) if reward == "mutual-information" else r
+
+
+def sf_value(psi, skill):
+    """Q = ψᵀz, plus the scalar head ψ₀ of the critics that carry a reward not linear in z."""
+    value = (psi[..., : skill.shape[-1]] * skill).sum(-1)
+    return value + psi[..., -1] if psi.shape[-1] > skill.shape[-1] else value
 
 
 def successor_feature_target(dphi, next_psi1, next_psi2, skill, gamma):
     """ψ̂ = φ(s') - φ(s) + γ ψ̄_k(s', a', z), k = argmin_k ψ̄_k(s', a', z)ᵀz per sample   (paper §5.2, spec §2.1)
 
     The whole vector of the target net with the smaller value ψ̄ᵀz (not an elementwise min), no entropy term,
-    never terminal (the 200-step time limit is not an end of the task).
+    never terminal (the 200-step time limit is not an end of the task). With a scalar head, dphi ends with the
+    reward's part that is not linear in z, and the values include ψ̄₀.
     """
     next_psi = torch.stack([next_psi1, next_psi2])  # (2, B, d)
-    smaller = (next_psi * skill).sum(-1).argmin(0)  # (B,): which target net has the smaller ψ̄ᵀz
+    smaller = sf_value(next_psi, skill).argmin(0)  # (B,): which target net has the smaller ψ̄ᵀz
     return dphi + gamma * next_psi[smaller, torch.arange(len(skill))]
 
 
@@ -245,12 +294,14 @@ class Phi(nn.Module):
 
 
 class SuccessorFeatures(nn.Module):
-    """ψ(s, a, z) ∈ R^d: the discounted sum of future Δφ under π(·|·, z); Q(s, a, z) = ψ(s, a, z)ᵀz."""
+    """ψ(s, a, z) ∈ R^d: the discounted sum of future Δφ under π(·|·, z); Q(s, a, z) = ψ(s, a, z)ᵀz. With
+    scalar_head, one more output ψ₀ sums the reward's part that is not linear in z: Q = ψᵀz + ψ₀."""
 
-    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
+    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim, scalar_head=False):
         super().__init__()
         self.encoder, features = envs.make_encoder(observation_space)
-        self.net = mlp(features + skill_dim + action_dim, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_normal_)
+        self.net = mlp(features + skill_dim + action_dim, hidden_dim, skill_dim + scalar_head, nn.ReLU,
+                       nn.init.xavier_normal_)
 
     def forward(self, obs, skill, action):
         return self.net(torch.cat([self.encoder(obs), skill, action], -1))
@@ -410,10 +461,14 @@ def main(args, ckpt=None):
     d = args.skill_dim
 
     # ------------------------------------------------------------ networks and optimizers
-    phi = Phi(observation_space, d, args.hidden_dim).to(device)
-    psi1, psi2 = (SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
-    psi1_target, psi2_target = (SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim).to(device)
-                                for _ in range(2))
+    # --critic mlp: φ reads the pair (s, s'), concatenated along the last axis (channels on pixels)
+    pair_space = gym.spaces.Box(np.concatenate([observation_space.low] * 2, -1),
+                                np.concatenate([observation_space.high] * 2, -1), dtype=observation_space.dtype)
+    phi = Phi(pair_space if args.critic == "mlp" else observation_space, d, args.hidden_dim).to(device)
+    # a reward not linear in z (a kernel critic, or the mutual-information reward) needs ψ's scalar head
+    scalar_head = args.critic in ("gaussian", "laplacian") or args.reward == "mutual-information"
+    psi1, psi2, psi1_target, psi2_target = (
+        SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim, scalar_head).to(device) for _ in range(4))
     psi1_target.load_state_dict(psi1.state_dict())
     psi2_target.load_state_dict(psi2.state_dict())
     actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
@@ -488,11 +543,13 @@ def main(args, ckpt=None):
         coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
         env_steps = epoch * steps_per_epoch
         result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
-                  "wall_time": round(wall_time + time.time() - segment_start, 2), "coverage": envs.coverage(coordinates)}
+                  "wall_time": round(wall_time + time.time() - segment_start, 2),
+                  "coverage": envs.coverage(coordinates, args.env_id)}
         if rb.size > 0:  # E‖φ(s') - φ(s)‖² over replay transitions, in chunks that fit in memory with pixels
             n = min(NUM_DPHI_SAMPLES, rb.size)
             batches = [rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000)]
-            result["dphi_sq"] = torch.cat([(phi(b["next_obs"]) - phi(b["obs"])).pow(2).sum(-1) for b in batches]).mean().item()
+            result["dphi_sq"] = torch.cat([transition_features(b["obs"], b["next_obs"]).pow(2).sum(-1)
+                                           for b in batches]).mean().item()
         result.update(epoch_stats)
         result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         plot_skills(coordinates, skills.numpy(), os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
@@ -511,24 +568,32 @@ def main(args, ckpt=None):
             f"{k} {result[k]:.4g}" for k in ("dphi_sq", *epoch_stats) if k in result), flush=True)
 
     # ------------------------------------------------------------ one gradient step (spec §2.1, §7)
+    def transition_features(obs, next_obs):
+        """x(s, s') = φ(s') - φ(s), or with --critic mlp the network of the pair (s, s')."""
+        return phi(torch.cat([obs, next_obs], -1)) if args.critic == "mlp" else phi(next_obs) - phi(obs)
+
     # Each loss is a function of the batch alone, so that --compile can compile it (forward and backward);
     # the optimizer steps between them stay eager.
     def phi_objective(obs, next_obs, skill, negatives):
         """The φ step's loss: the negative contrastive lower bound, and its log-sum-exp term."""
-        return contrastive_phi_loss(phi(next_obs) - phi(obs), skill, negatives, args.xi)
+        return contrastive_phi_loss(transition_features(obs, next_obs), skill, negatives, args.xi, args.critic)
 
-    def psi_objective(obs, action, next_obs, skill):
+    def psi_objective(obs, action, next_obs, skill, negatives):
         """L(ψ) = E[(ψ(s, a, z) - (φ(s') - φ(s) + γ ψ̄(s', a', z)))²], a' ~ π(·|s', z)   (paper §5.2, Alg. 1)"""
         with torch.no_grad():
-            next_action, _ = actor.sample(next_obs, skill)  # the cumulant Δφ comes from the φ just updated
-            target = successor_feature_target(phi(next_obs) - phi(obs), psi1_target(next_obs, skill, next_action),
+            next_action, _ = actor.sample(next_obs, skill)
+            cumulant = transition_features(obs, next_obs)  # Δφ, from the φ just updated
+            if scalar_head:  # r = Δφᵀz + (r - Δφᵀz): the second part, a scalar, goes to ψ's scalar head
+                reward = intrinsic_reward(cumulant, skill, negatives, args.xi, args.critic, args.reward)
+                cumulant = torch.cat([cumulant, (reward - (cumulant * skill).sum(-1))[:, None]], -1)
+            target = successor_feature_target(cumulant, psi1_target(next_obs, skill, next_action),
                                               psi2_target(next_obs, skill, next_action), skill, args.gamma)
         return F.mse_loss(psi1(obs, skill, action), target) + F.mse_loss(psi2(obs, skill, action), target)
 
     def actor_objective(obs, skill, alpha):
         """L(π) = E[α log π(a|s,z) - min_k ψ_k(s, a, z)ᵀz], a ~ π(·|s, z)   (paper Alg. 1 plus the SAC entropy)"""
         new_action, log_prob = actor.sample(obs, skill)
-        q = torch.min((psi1(obs, skill, new_action) * skill).sum(-1), (psi2(obs, skill, new_action) * skill).sum(-1))
+        q = torch.min(sf_value(psi1(obs, skill, new_action), skill), sf_value(psi2(obs, skill, new_action), skill))
         return (alpha * log_prob - q).mean(), log_prob
 
     if args.compile:
@@ -545,7 +610,7 @@ def main(args, ckpt=None):
             phi_loss.backward()
             phi_optimizer.step()
         with record_function("psi step"):  # then the target networks: ψ̄ ← (1 - τ) ψ̄ + τ ψ, every tensor in one call
-            psi_loss = psi_objective(obs, action, next_obs, skill)
+            psi_loss = psi_objective(obs, action, next_obs, skill, negatives)
             psi_optimizer.zero_grad()
             psi_loss.backward()
             psi_optimizer.step()

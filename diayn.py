@@ -28,8 +28,9 @@ Deliberate differences from the official code:
     Gaussian φ module (its mean head gives the logits), the frozen α's optimizer, and the stored rewards / next
     actions / returns.
   - one-hot skills are drawn with torch's generator, not NumPy's global one (a different random stream only).
-  - Robobin (not here yet) will use the K = 50 one-hot skills of the paper's table, not the official script's
-    continuous d = 9 (spec §5.11).
+  - Robobin follows the official script, not the paper's table (K = 50 one-hot): continuous z ~ N(0, I_9), a
+    Gaussian discriminator N(μ(s'), σ(s')) whose log-std has its own MLP, and the reward log q(z|s') - log(1/9);
+    its evaluation reports the mean log q(z|s') instead of an accuracy (spec §2.3, §5.11).
   - evaluation every 500 epochs on Ant, 1000 on HalfCheetah, 125 on pixels, as csf.py; the official DIAYN and
     VISR scripts evaluate half as often on Ant and on pixels (spec §4.1). Evaluation never changes training.
   - additions, not in the official code: the last epoch is always evaluated and checkpointed, every
@@ -68,7 +69,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 AGENT = "diayn"
-SKILL_DIMS = {"Ant": 50, "HalfCheetah": 50, "Quadruped": 50, "Humanoid": 50, "Kitchen": 50, "Robobin": 50}  # paper Table 4
+SKILL_DIMS = {"Ant": 50, "HalfCheetah": 50, "Quadruped": 50, "Humanoid": 50, "Kitchen": 50, "Robobin": 9}  # the scripts
+# The official DIAYN-Robobin script runs continuous skills z ~ N(0, I_9) with a Gaussian discriminator (spec §2.3,
+# §5.11); the paper's table says K = 50 one-hot. We follow the script, behind the published numbers.
+GAUSSIAN_ENVS = ("Robobin",)
 NUM_DIAGNOSTIC_SAMPLES = 10_000  # replay transitions behind the discriminator-accuracy diagnostic
 NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 
@@ -76,27 +80,29 @@ NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 @dataclass
 class Args:
     env_id: str = "Ant"
-    """the environment: Ant, HalfCheetah (states), Quadruped or Humanoid (64×64 pixels)"""
+    """the environment: Ant, HalfCheetah (states), Quadruped, Humanoid, Kitchen or Robobin (64×64 pixels)"""
     skill_dim: Optional[int] = None
-    """number K of one-hot skills (unset: the paper's 50 on every env)"""
+    """number K of one-hot skills (unset: the paper's 50; on Robobin the dimension d of z ~ N(0, I_d), the script's 9)"""
     seed: int = 1
     """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
     total_env_steps: Optional[int] = None
     """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states, 4.8M on pixels)"""
     num_envs: Optional[int] = None
-    """trajectories collected per epoch, one skill each, stepped together (unset: 8)"""
+    """trajectories collected per epoch, one skill each, stepped together (unset: 8, Robobin 10)"""
     grad_steps_per_epoch: Optional[int] = None
-    """gradient steps after each collection round (unset: 50 on states, 200 on pixels)"""
+    """gradient steps after each collection round (unset: 50 on states, 200 on Quadruped and Humanoid, 100 on
+    Kitchen and Robobin)"""
     learning_starts: int = 10_000
     """transitions stored before the first gradient step"""
     batch_size: int = 256
     """transitions per minibatch, sampled uniformly with replacement"""
     buffer_size: Optional[int] = None
-    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels)"""
+    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels, Kitchen 100k)"""
     hidden_dim: int = 1024
     """width of the two hidden layers of φ, Q and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
     eval_every: Optional[int] = None
-    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, pixels 125); the last epoch is always evaluated"""
+    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, Quadruped and Humanoid 125, Kitchen 250, Robobin
+    500); the last epoch is always evaluated"""
     checkpoint_every: Optional[int] = None
     """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
     resume: Optional[str] = None
@@ -192,30 +198,44 @@ def parse_args(argv=None):
     return args, ckpt
 
 
-def sample_skills(n, skill_dim, generator=None):
-    """z ~ Unif of the K one-hot vectors (spec §1.2)."""
+def sample_skills(n, skill_dim, gaussian=False, generator=None):
+    """z ~ Unif of the K one-hot vectors, or z ~ N(0, I_d) on Robobin (spec §1.2)."""
+    if gaussian:
+        return torch.randn(n, skill_dim, generator=generator)
     return F.one_hot(torch.randint(skill_dim, (n,), generator=generator), skill_dim).float()
 
 
-def eval_skills(n, skill_dim):
+def eval_skills(n, skill_dim, gaussian, generator):
     """The n evaluation skills: the K one-hots split evenly (n // K each, the remainder to the lowest indices;
-    with the paper's n = 48 and K = 50, skills 0 to 47 once each)."""
+    with the paper's n = 48 and K = 50, skills 0 to 47 once each), or fresh prior draws on Robobin."""
+    if gaussian:
+        return sample_skills(n, skill_dim, True, generator)
     return F.one_hot((torch.arange(n) % skill_dim).sort().values, skill_dim).float()
 
 
 # ---------------------------------------------------------------- losses (spec §1.7, §2.3)
-def diayn_reward(logits, skill):
-    """r = log q(z|s') - log p(z) = log softmax(φ(s'))_z + log K per sample   (DIAYN Eq. 3, spec §2.3)
+def log_likelihood(discriminator, skill):
+    """log q(z|s') per sample: discriminator = φ(s') of the next observations, (B, K) logits for one-hot z, or a
+    (mean, log-std) pair of a Gaussian over continuous z (Robobin)."""
+    if isinstance(discriminator, tuple):
+        mean, log_std = discriminator
+        return torch.distributions.Normal(mean, log_std.exp(), validate_args=False).log_prob(skill).sum(-1)
+    return (F.log_softmax(discriminator, dim=-1) * skill).sum(-1)
 
-    logits: (B, K) = φ(s') of the next observations; skill: (B, K) one-hot z.
+
+def diayn_reward(discriminator, skill):
+    """r = log q(z|s') - log p(z) = log q(z|s') + log K per sample   (DIAYN Eq. 3, spec §2.3)
+
+    The baseline log p(z) = log(1/K) of K one-hot skills; the official Robobin script subtracts log(1/d) from its
+    Gaussian log-likelihood too.
     """
-    return (F.log_softmax(logits, dim=-1) * skill).sum(-1) + math.log(skill.shape[-1])
+    return log_likelihood(discriminator, skill) + math.log(skill.shape[-1])
 
 
-def discriminator_loss(logits, skill):
+def discriminator_loss(discriminator, skill):
     """L(φ) = -E[log q(z|s') - log p(z)]: the cross-entropy of q(·|s') against z, less the constant log K.
     Returns the loss and the rewards of the batch."""
-    reward = diayn_reward(logits, skill)
+    reward = diayn_reward(discriminator, skill)
     return -reward.mean(), reward
 
 
@@ -248,15 +268,18 @@ def mlp(in_dim, hidden_dim, out_dim, activation, init):
 
 class Phi(nn.Module):
     """φ(s') ∈ R^K, the discriminator's logits of q(z|s') (ReLU MLP, Xavier-uniform; the official code's
-    "trajectory encoder", applied to the next observation)."""
+    "trajectory encoder", applied to the next observation). With gaussian, (mean, log-std) of q(z|s') = N(μ(s'),
+    σ(s')), the log-std from a second MLP of its own (the official GaussianMLPIndependentStdModuleEx)."""
 
-    def __init__(self, observation_space, skill_dim, hidden_dim):
+    def __init__(self, observation_space, skill_dim, hidden_dim, gaussian=False):
         super().__init__()
         self.encoder, features = envs.make_encoder(observation_space)  # every network owns its encoder (spec §1.9)
         self.net = mlp(features, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_)
+        self.log_std = mlp(features, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_) if gaussian else None
 
     def forward(self, obs):
-        return self.net(self.encoder(obs))
+        h = self.encoder(obs)
+        return self.net(h) if self.log_std is None else (self.net(h), self.log_std(h))
 
 
 class QNetwork(nn.Module):
@@ -361,8 +384,10 @@ class ReplayBuffer:
 
 
 # ---------------------------------------------------------------- evaluation (spec §4.1-4.2)
-def skill_colors(skills):
-    """One colour per one-hot skill, by its index."""
+def skill_colors(skills, gaussian):
+    """One colour per one-hot skill, by its index; Gaussian skills by the angle of (z_0, z_1)."""
+    if gaussian:
+        return plt.cm.hsv((np.arctan2(skills[:, 1], skills[:, 0]) + np.pi) / (2 * np.pi))
     return plt.cm.hsv(skills.argmax(-1) / skills.shape[-1])
 
 
@@ -404,6 +429,8 @@ def main(args, ckpt=None):
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # replay sampling
     eval_rng = np.random.default_rng(args.seed + 1)  # evaluation has its own streams, so it never changes training
+    eval_generator = torch.Generator().manual_seed(args.seed + 1)  # Robobin's Gaussian evaluation skills
+    gaussian = args.env_id in GAUSSIAN_ENVS
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     # ------------------------------------------------------------ envs
@@ -427,7 +454,7 @@ def main(args, ckpt=None):
     d = args.skill_dim
 
     # ------------------------------------------------------------ networks and optimizers
-    phi = Phi(observation_space, d, args.hidden_dim).to(device)
+    phi = Phi(observation_space, d, args.hidden_dim, gaussian).to(device)
     qf1, qf2 = (QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
     qf1_target, qf2_target = (QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
     qf1_target.load_state_dict(qf1.state_dict())
@@ -457,6 +484,7 @@ def main(args, ckpt=None):
         if device.type == "cuda" and ckpt["cuda_rng"] is not None:
             torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
         rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
+        eval_generator.set_state(ckpt["eval_torch_rng"])
         for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
             env.unwrapped.np_random.bit_generator.state = state
         window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
@@ -469,6 +497,7 @@ def main(args, ckpt=None):
                  "torch_rng": torch.get_rng_state(),
                  "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
                  "numpy_rng": rng.bit_generator.state, "eval_numpy_rng": eval_rng.bit_generator.state,
+                 "eval_torch_rng": eval_generator.get_state(),
                  "env_rngs": [e.unwrapped.np_random.bit_generator.state for e in train_envs.envs + eval_envs.envs],
                  "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
                  **{name: module.state_dict() for name, module in modules.items()}}
@@ -480,7 +509,7 @@ def main(args, ckpt=None):
     @record_function("evaluation")
     def evaluate(epoch, epoch_stats):
         """Deterministic rollouts → coverage, skill plot, discriminator accuracy, one line of eval.jsonl."""
-        skills = eval_skills(args.num_eval_skills, d)
+        skills = eval_skills(args.num_eval_skills, d, gaussian, eval_generator)
         coordinates, frames = [], []
 
         def record(info):  # the state after reset and after every step
@@ -497,27 +526,32 @@ def main(args, ckpt=None):
         coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
         env_steps = epoch * steps_per_epoch
         result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
-                  "wall_time": round(wall_time + time.time() - segment_start, 2), "coverage": envs.coverage(coordinates)}
-        if rb.size > 0:  # how often argmax q(·|s') names the trajectory's skill, over replay transitions (chance 1/K)
-            n = min(NUM_DIAGNOSTIC_SAMPLES, rb.size)  # in chunks that fit in memory with pixels
+                  "wall_time": round(wall_time + time.time() - segment_start, 2),
+                  "coverage": envs.coverage(coordinates, args.env_id)}
+        if rb.size > 0:  # how often argmax q(·|s') names the trajectory's skill (chance 1/K), over replay transitions;
+            n = min(NUM_DIAGNOSTIC_SAMPLES, rb.size)  # for Gaussian skills the mean log q(z|s') instead
             batches = [rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000)]
-            result["disc_accuracy"] = torch.cat([phi(b["next_obs"]).argmax(-1) == b["skill"].argmax(-1)
-                                                 for b in batches]).float().mean().item()
+            if gaussian:
+                result["disc_log_likelihood"] = torch.cat([log_likelihood(phi(b["next_obs"]), b["skill"])
+                                                           for b in batches]).mean().item()
+            else:
+                result["disc_accuracy"] = torch.cat([phi(b["next_obs"]).argmax(-1) == b["skill"].argmax(-1)
+                                                     for b in batches]).float().mean().item()
         result.update(epoch_stats)  # training means since the last evaluation
         result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-        plot_skills(coordinates, skill_colors(skills.numpy()), os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
+        plot_skills(coordinates, skill_colors(skills.numpy(), gaussian), os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
                     f"DIAYN {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}")
         if frames:
             import imageio
 
             os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
             imageio.mimsave(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"), frames, fps=20)
-        for key in ("coverage", "disc_accuracy"):
+        for key in ("coverage", "disc_accuracy", "disc_log_likelihood"):
             if key in result:
                 writer.add_scalar(f"eval/{key}", result[key], env_steps)
         with open(os.path.join(run_dir, "eval.jsonl"), "a") as f:
             f.write(json.dumps(result) + "\n")
-        shown = ("disc_accuracy", *epoch_stats)
+        shown = ("disc_accuracy", "disc_log_likelihood", *epoch_stats)
         print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | "
               + " | ".join(f"{k} {result[k]:.4g}" for k in shown if k in result))
 
@@ -592,7 +626,7 @@ def main(args, ckpt=None):
             break
 
         # collect one trajectory per env, one skill each, with the stochastic policy
-        skills = sample_skills(args.num_envs, d).to(device)
+        skills = sample_skills(args.num_envs, d, gaussian).to(device)
         obs, _ = train_envs.reset()
         observations, actions = [obs], []
         with torch.no_grad(), record_function("collection"):

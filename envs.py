@@ -13,8 +13,15 @@ shape (64, 64, 9) uint8; action repeat 2, actions in [-1, 1], never terminating,
 `info["coordinates"]` = torso geom (x, y). `PixelEncoder` is the CNN every network puts in front of such
 observations (spec §1.9); `make_encoder` gives it, or an identity for state vectors.
 
+Manipulation worlds (spec §3.4-3.5), pixels as above, never terminating, one fixed start whatever the seed:
+Kitchen, D4RL's Franka kitchen (gymnasium-robotics' MJCF) under end-effector control, 7-D actions, 50-step
+horizon, `info["coordinates"]` = the 6 success flags of KITCHEN_TASKS; Robobin, a Sawyer arm with two blocks in
+a bin (built from metaworld's assets), 4-D actions, 200-step horizon, `info["coordinates"]` = the 9-D (hand,
+block 1, block 2) positions.
+
 All worlds come from `make_env(env_id, render_mode)`; `render()` gives a 128×128 RGB frame for videos,
-and `env.unwrapped.goal_observation(goal)` the zero-shot goal observation of spec §4.3.
+and `env.unwrapped.goal_observation(goal)` the zero-shot goal observation of spec §4.3 (Kitchen and Robobin:
+`task_goal_observation(i)` and `task_success(i)` for task i of KITCHEN_TASKS / ROBOBIN_TASKS).
 
 The downstream tasks of hierarchical control (spec §4.4) come from `make_task(task, render_mode)`, their
 facts from `TASKS`: a base world with task dims after its observation (raw: goal, or next hurdle) and the
@@ -27,6 +34,7 @@ import ctypes
 import ctypes.util
 import dataclasses
 import glob
+import importlib.util
 import os
 import xml.etree.ElementTree as ET
 
@@ -93,6 +101,8 @@ ENV_SPECS = {
     "HalfCheetah": EnvSpec(200, 8, 50, 1_000_000, 1000, 64_000_000, 100.0, 1, pixels=False, frame_stack=1),
     "Quadruped": EnvSpec(200, 8, 200, 300_000, 125, 4_800_000, 15.0, 2, pixels=True, frame_stack=3),
     "Humanoid": EnvSpec(200, 8, 200, 300_000, 125, 4_800_000, 10.0, 2, pixels=True, frame_stack=3),
+    "Kitchen": EnvSpec(50, 8, 100, 100_000, 250, 4_800_000, 0.0, 6, pixels=True, frame_stack=3),
+    "Robobin": EnvSpec(200, 10, 100, 300_000, 500, 4_800_000, 0.0, 9, pixels=True, frame_stack=3),
 }
 
 # Preset normalizer statistics of the official code, from 10k random rollouts (spec §1.10).
@@ -163,9 +173,12 @@ class Renderer:
         self._pixels = np.empty((size, size, 3), np.uint8)
 
     def render(self, data, camera):
-        self._camera.fixedcamid = mujoco.mj_name2id(self._model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+        """The view through `camera`: the name of one of the model's cameras, or a free mujoco.MjvCamera."""
+        if isinstance(camera, str):
+            self._camera.fixedcamid = mujoco.mj_name2id(self._model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+            camera = self._camera
         mujoco.mjv_updateScene(
-            self._model, data, self._option, None, self._camera, mujoco.mjtCatBit.mjCAT_ALL, self._scene)
+            self._model, data, self._option, None, camera, mujoco.mjtCatBit.mjCAT_ALL, self._scene)
         self._gl.make_current()
         mujoco.mjr_render(self._rect, self._scene, self._context)
         mujoco.mjr_readPixels(self._pixels, None, self._rect, self._context)
@@ -182,7 +195,8 @@ class Renderer:
 
 
 class MujocoEnv(gym.Env):
-    """What every world shares: `model`/`data` (raw MuJoCo), rendering from `camera`, no reward, no end."""
+    """What every world shares: `model`/`data` (raw MuJoCo), rendering from `camera` (a camera name of the
+    model, or a free mujoco.MjvCamera), no reward, no end."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
     camera = "track"
@@ -328,8 +342,35 @@ class _PoseTask(base.Task):
         return 0.0
 
 
-class DMCPixelEnv(MujocoEnv):
-    """A DMC body seen by its COM-tracking camera: obs = last 3 64×64 RGB frames, oldest first (spec §1.9)."""
+class PixelEnv(MujocoEnv):
+    """A world seen through `camera`: obs = the last 3 64×64 RGB frames, stacked along channels oldest first
+    (spec §1.9), shape (64, 64, 9) uint8."""
+
+    def __init__(self, render_mode=None):
+        super().__init__(render_mode)
+        self.observation_space = gym.spaces.Box(0, 255, (FRAME_SIZE, FRAME_SIZE, 3 * FRAME_STACK), np.uint8)
+        self._frames = collections.deque(maxlen=FRAME_STACK)
+
+    def _obs(self):
+        return np.concatenate(self._frames, axis=-1)
+
+    def _first_obs(self):
+        """The observation at reset: the current view, repeated."""
+        self._frames.extend([self._frame(FRAME_SIZE)] * FRAME_STACK)
+        return self._obs()
+
+    def _next_obs(self):
+        """The observation after a step: the current view in, the oldest frame out."""
+        self._frames.append(self._frame(FRAME_SIZE))
+        return self._obs()
+
+    def _goal_obs(self):
+        """A zero-shot goal image (spec §4.3): the current view tiled 3 times along channels."""
+        return np.concatenate([self._frame(FRAME_SIZE)] * FRAME_STACK, axis=-1)
+
+
+class DMCPixelEnv(PixelEnv):
+    """A DMC body seen by its COM-tracking camera."""
 
     def __init__(self, xml, assets, set_pose, control_timestep, camera, goal_settle_steps, render_mode=None):
         super().__init__(render_mode)
@@ -346,13 +387,8 @@ class DMCPixelEnv(MujocoEnv):
         spec = self._env.action_spec()
         self._ctrl_low, self._ctrl_high = spec.minimum, spec.maximum
         self.action_space = gym.spaces.Box(-1.0, 1.0, spec.shape, np.float32)  # mapped onto the spec bounds
-        self.observation_space = gym.spaces.Box(0, 255, (FRAME_SIZE, FRAME_SIZE, 3 * FRAME_STACK), np.uint8)
         self._torso = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_GEOM, "torso")
-        self._frames = collections.deque(maxlen=FRAME_STACK)
         self._frame(FRAME_SIZE)  # make the GL context now, so a missing backend fails inside make_env
-
-    def _obs(self):
-        return np.concatenate(self._frames, axis=-1)
 
     def _info(self):
         # torso geom (x, y) (spec §3.3); it sits on the root body's origin, so it also equals qpos[0:2]
@@ -362,14 +398,12 @@ class DMCPixelEnv(MujocoEnv):
         super().reset(seed=seed)
         self._task.random.seed(int(self.np_random.integers(2**32)))  # every draw derives from the gym seed
         self._env.reset()
-        self._frames.extend([self._frame(FRAME_SIZE)] * FRAME_STACK)  # the first frame, repeated
-        return self._obs(), self._info()
+        return self._first_obs(), self._info()
 
     def step(self, action):
         action = np.clip(action, -1.0, 1.0)
         self._env.step(self._ctrl_low + (action + 1.0) * (self._ctrl_high - self._ctrl_low) / 2)
-        self._frames.append(self._frame(FRAME_SIZE))
-        return self._obs(), 0.0, False, False, self._info()
+        return self._next_obs(), 0.0, False, False, self._info()
 
     def goal_observation(self, goal):
         """Zero-shot goal (spec §4.3): reset, move the root to (x, y) = `goal`, settle with zero actions
@@ -380,7 +414,277 @@ class DMCPixelEnv(MujocoEnv):
         self.physics.after_reset()
         for _ in range(self.goal_settle_steps):
             self.step(np.zeros(self.action_space.shape))
-        return np.concatenate([self._frames[-1]] * FRAME_STACK, axis=-1)
+        return self._goal_obs()
+
+
+# ---------------------------------------------------------------- manipulation worlds (spec §3.4, §3.5)
+
+ARM_STATE = mujoco.mjtState.mjSTATE_INTEGRATION  # everything the next mj_step reads, mocap poses included
+
+
+def _package_dir(name):
+    """The folder of the installed package `name`, found without importing it (only its MJCF files are used;
+    importing gymnasium_robotics registers its envs and prints warnings)."""
+    return os.path.dirname(importlib.util.find_spec(name).origin)
+
+
+def _free_camera(distance, lookat, azimuth, elevation):
+    camera = mujoco.MjvCamera()
+    camera.type = mujoco.mjtCamera.mjCAMERA_FREE
+    camera.distance, camera.lookat[:], camera.azimuth, camera.elevation = distance, lookat, azimuth, elevation
+    return camera
+
+
+class ArmEnv(PixelEnv):
+    """A robot arm moved through a mocap body among objects, seen by a free camera. Every episode starts
+    from the same state `_start` whatever the seed (spec §3.4-3.5). A subclass sets `_start` (see `_save`)
+    and defines `_act(action)`, the physics of one env step, and `_coordinates()`."""
+
+    def __init__(self, model, frame_skip, camera, action_dim, render_mode=None):
+        super().__init__(render_mode)
+        self.model, self.data = model, mujoco.MjData(model)
+        self.frame_skip, self.camera = frame_skip, camera
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (action_dim,), np.float32)
+        self.metadata = {**self.metadata, "render_fps": round(1 / (frame_skip * model.opt.timestep))}
+
+    def _save(self):
+        state = np.empty(mujoco.mj_stateSize(self.model, ARM_STATE))
+        mujoco.mj_getState(self.model, self.data, state, ARM_STATE)
+        return state
+
+    def _restore(self, state):
+        mujoco.mj_setState(self.model, self.data, state, ARM_STATE)
+        mujoco.mj_forward(self.model, self.data)
+
+    def _info(self):
+        return {"coordinates": self._coordinates()}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._restore(self._start)
+        return self._first_obs(), self._info()
+
+    def step(self, action):
+        self._act(np.clip(action, -1.0, 1.0))
+        # mj_step leaves positions one sub-step behind qpos; recompute them for the frame and the coordinates
+        # (this changes no state that the next mj_step reads)
+        mujoco.mj_kinematics(self.model, self.data)
+        return self._next_obs(), 0.0, False, False, self._info()
+
+
+KITCHEN_TASKS = ("BottomBurner", "LightSwitch", "SlideCabinet", "HingeCabinet", "Microwave", "Kettle")
+# Each task's goal configuration (LEXA's, spec §3.4): qpos indices and their values
+KITCHEN_GOALS = (([9, 10], [-0.88, -0.01]), ([17, 18], [-0.69, -0.05]), ([19], [0.37]), ([20, 21], [0.0, 0.5]),
+                 ([22], [-0.5]), ([23, 24, 25], [-0.23, 0.75, 1.62]))
+# The kitchen's start, D4RL's: the arm in its initial pose, knobs off, light off, doors closed, the kettle on
+# the bottom-left burner. The numbers are `init_qpos` of gymnasium_robotics/envs/franka_kitchen/kitchen_env.py
+# (gymnasium-robotics 1.4.2), the same as D4RL's and LEXA's kitchen.
+# fmt: off
+KITCHEN_QPOS = [
+    1.48388023e-01, -1.76848573e00, 1.84390296e00, -2.47685760e00, 2.60252026e-01, 7.12533105e-01, 1.59515394e00,
+    4.79267505e-02, 3.71350919e-02, -2.66279850e-04, -5.18043486e-05, 3.12877220e-05, -4.51199853e-05,
+    -3.90842156e-06, -4.22629655e-05, 6.28065475e-05, 4.04984708e-05, 4.62730939e-04, -2.26906415e-04,
+    -4.65501369e-04, -6.44129196e-03, -1.77048263e-03, 1.08009684e-03, -2.69397440e-01, 3.50383255e-01,
+    1.61944683e00, 1.00618764e00, 4.06395120e-03, -6.62095997e-03, -2.68278933e-04]
+# fmt: on
+
+
+def kitchen_successes(qpos):
+    """The success tests of KITCHEN_TASKS on a kitchen qpos (spec §3.4), 1.0 or 0.0 each."""
+    return np.array([
+        qpos[9] < -0.38,  # bottom-right burner knob turned
+        qpos[17] < -0.25,  # light switch on
+        abs(qpos[19] - 0.37) < 0.1,  # sliding cabinet open
+        abs(qpos[21] - 0.5) < 0.2,  # right hinge door open
+        abs(qpos[22] + 0.5) < 0.2,  # microwave door open
+        np.linalg.norm(qpos[23:25] - (-0.23, 0.75)) < 0.2,  # kettle (x, y) on the top-left burner
+    ], dtype=np.float64)
+
+
+def _kitchen_model():
+    """gymnasium-robotics' Franka kitchen MJCF, the arm driven through a mocap body instead of its joint
+    actuators: the 7 arm actuators are removed (their position targets would fight the mocap), the 2 finger
+    actuators stay, and a mocap body "mocap" is welded to the end-effector site (between the fingertips).
+    The arm is drawn with its collision meshes."""
+    spec = mujoco.MjSpec.from_file(os.path.join(
+        _package_dir("gymnasium_robotics"), "envs", "assets", "kitchen_franka", "kitchen_assets",
+        "kitchen_env_model.xml"))
+    for actuator in list(spec.actuators):
+        if actuator.target.startswith("robot:panda0_joint"):
+            actuator.delete()
+    # The arm's visual meshes have 134k faces, which make a frame 3× slower to draw on the CPU (OSMesa): draw
+    # the arm with its collision meshes instead (about 300 faces a link; the fingers' visual mesh already is
+    # one). At 64×64 the two look alike.
+    for geom in spec.geoms:
+        geom.meshname = geom.meshname.replace("_viz", "_col")
+    for mesh in list(spec.meshes):
+        if mesh.name.endswith("_viz"):
+            mesh.delete()
+    spec.worldbody.add_body(name="mocap", mocap=True).add_site(name="mocap")
+    weld = spec.add_equality(type=mujoco.mjtEq.mjEQ_WELD, objtype=mujoco.mjtObj.mjOBJ_SITE,
+                             name1="mocap", name2="end_effector")
+    # anchor, pose of the end effector relative to the mocap (none), torque scale. The wrist joints are 10× less
+    # damped than the shoulder ones: with the default torque scale 1 the hand turns by 0.1-0.3 rad per step
+    # while it translates, with 10 by 0.01-0.07.
+    weld.data[:] = [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 10]
+    # The mocap target follows the hand, so nothing holds the arm up against gravity: uncompensated, the hand
+    # sinks 3.6 cm in 10 zero-action steps.
+    for i in range(1, 8):
+        spec.body(f"panda0_link{i}").gravcomp = 1
+    model = spec.compile()
+    # the XML asks for a 2560×1920 offscreen buffer (40 MB per render context); frames here are 128×128 at most
+    model.vis.global_.offwidth = model.vis.global_.offheight = VIDEO_SIZE
+    return model
+
+
+class KitchenEnv(ArmEnv):
+    """D4RL's Franka kitchen (spec §3.4), gymnasium-robotics' MJCF, under end-effector (mocap) control.
+
+    Action (7, in [-1, 1]), held for 40 sub-steps of 2 ms; at each sub-step the mocap is put at the end
+    effector's current position + 0.05·a[0:3] m, with its current orientation turned by the roll-pitch-yaw
+    angles 0.05·a[3:6] rad about the world x, y, z axes, and both fingers get the position target
+    0.02·(1 + a[6]) m (-1 closed, +1 fully open). Camera: free, distance 1.86, lookat (-0.3, 0.5, 2.0),
+    azimuth 90, elevation -60. `info["coordinates"]`: `kitchen_successes` of the current state.
+    """
+
+    def __init__(self, render_mode=None):
+        super().__init__(_kitchen_model(), 40, _free_camera(1.86, (-0.3, 0.5, 2.0), 90, -60), 7, render_mode)
+        self._ee = self.model.site("end_effector").id
+        self.data.qpos[:] = KITCHEN_QPOS
+        mujoco.mj_kinematics(self.model, self.data)
+        self.data.mocap_pos[0], self.data.mocap_quat[0] = self.data.site_xpos[self._ee], self._ee_quat()
+        self._start = self._save()
+        self._frame(FRAME_SIZE)  # make the GL context now, so a missing backend fails inside make_env
+
+    def _ee_quat(self):
+        quat = np.empty(4)
+        mujoco.mju_mat2Quat(quat, self.data.site_xmat[self._ee])
+        return quat
+
+    def _act(self, action):
+        turn = np.empty(4)
+        mujoco.mju_euler2Quat(turn, 0.05 * action[3:6], "XYZ")  # upper case: about the fixed world axes
+        self.data.ctrl[:] = 0.02 * (1 + action[6])
+        for _ in range(self.frame_skip):
+            self.data.mocap_pos[0] = self.data.site_xpos[self._ee] + 0.05 * action[:3]
+            mujoco.mju_mulQuat(self.data.mocap_quat[0], turn, self._ee_quat())
+            mujoco.mj_step(self.model, self.data)
+
+    def _coordinates(self):
+        return kitchen_successes(self.data.qpos)
+
+    def task_success(self, task):
+        """Whether KITCHEN_TASKS[task] is achieved in the current state."""
+        return bool(kitchen_successes(self.data.qpos)[task])
+
+    def task_goal_observation(self, task):
+        """KITCHEN_TASKS[task]'s goal image (spec §3.4, §4.3): the start with that task's object joints at their
+        goal values, at rest, tiled 3 times along channels. Leaves the env there: reset it before the next
+        episode."""
+        self._restore(self._start)
+        joints, values = KITCHEN_GOALS[task]
+        self.data.qpos[joints] = values
+        mujoco.mj_forward(self.model, self.data)
+        return self._goal_obs()
+
+
+ROBOBIN_TASKS = ("ReachLeft", "ReachRight", "PushFront", "PushBack")
+# 9-D states (hand, block 1, block 2 xyz): the start, and each task's goal (LEXA's, spec §3.5)
+ROBOBIN_START = np.array([0.0, 0.6, 0.2, -0.1, 0.7, 0.04, 0.1, 0.7, 0.04])
+ROBOBIN_GOALS = np.array([
+    [0.12, 0.75, 0.10, -0.1, 0.7, 0.04, 0.1, 0.7, 0.04],
+    [-0.10, 0.85, 0.10, -0.1, 0.7, 0.04, 0.1, 0.7, 0.04],
+    [0.0, 0.65, 0.2, -0.1, 0.7, 0.04, 0.1, 0.85, 0.04],
+    [0.0, 0.65, 0.2, -0.1, 0.55, 0.04, 0.1, 0.7, 0.04],
+])
+MOCAP_LOW, MOCAP_HIGH = np.array([-0.5, 0.40, 0.07]), np.array([0.5, 0.8, 0.5])  # the hand's workspace
+HAND_QUAT = (1.0, 0.0, 1.0, 0.0)  # metaworld's mocap orientation: the gripper points down
+
+# The one place where our Robobin differs from the official one: task success. The official env tests the
+# reach-or-push branch on its own goal index, always 0, instead of the task asked (spec §5.10), so every
+# "success" there means "hand within 0.1 of ReachLeft's hand target". We test the task asked, as intended.
+
+
+def _robobin_model():
+    """Metaworld's bin-picking scene (Sawyer arm, mocap weld, 2 claw actuators, table) with its bins and
+    object replaced by one red bin centred at (0, 0.7) (walls 0.5 × 0.44 m apart, 6 cm high, floor top at
+    z = 0.02) holding two green 4 cm blocks, "block1" and "block2", on free joints."""
+    spec = mujoco.MjSpec.from_file(os.path.join(
+        _package_dir("metaworld"), "assets", "sawyer_xyz", "sawyer_bin_picking.xml"))
+    for name in ("obj", "bin_start", "bin_goal"):
+        spec.detach_body(spec.body(name))
+    # anchor, pose of the hand relative to the mocap (none), torque scale: metaworld's reset_mocap_welds
+    spec.equalities[0].data[:] = [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 5]
+    box = mujoco.mjtGeom.mjGEOM_BOX
+    tray = spec.worldbody.add_body(name="bin", pos=[0, 0.7, 0])
+    tray.add_geom(type=box, pos=[0, 0, 0.01], size=[0.25, 0.22, 0.01], material="bin_red")
+    for pos, size in [([0, -0.22, 0.03], [0.25, 0.005, 0.03]), ([0, 0.22, 0.03], [0.25, 0.005, 0.03]),
+                      ([-0.25, 0, 0.03], [0.005, 0.22, 0.03]), ([0.25, 0, 0.03], [0.005, 0.22, 0.03])]:
+        tray.add_geom(type=box, pos=pos, size=size, material="bin_red")
+    for name in ("block1", "block2"):
+        block = spec.worldbody.add_body(name=name)
+        block.add_freejoint()
+        block.add_geom(type=box, size=[0.02] * 3, material="obj_green")
+        # explicit: the scene computes inertias from geom groups 4-5 only, and these geoms are in group 0
+        block.mass, block.inertia, block.explicitinertial = 0.1, [0.1 * 0.04**2 / 6] * 3, True
+    return spec.compile()
+
+
+class RobobinEnv(ArmEnv):
+    """A Sawyer arm with two blocks in a bin (spec §3.5), built from metaworld's assets (`_robobin_model`).
+
+    Action (4, in [-1, 1]): the mocap moves by 0.01·a[0:3] m, clipped to the workspace MOCAP_LOW-MOCAP_HIGH,
+    and the claws get metaworld's targets (a[3], -a[3]) (+1 closes, -1 opens); then 5 sub-steps of 2.5 ms.
+    Camera: free, distance 1.4, lookat (0, 0.65, 0), azimuth 90, elevation 221 (so upside down), every frame
+    flipped horizontally and vertically. `info["coordinates"]`: hand (body "hand"), block 1, block 2 xyz.
+    """
+
+    def __init__(self, render_mode=None):
+        super().__init__(_robobin_model(), 5, _free_camera(1.4, (0, 0.65, 0), 90, 221), 4, render_mode)
+        self._hand, self._block1, self._block2 = (self.model.body(n).id for n in ("hand", "block1", "block2"))
+        self._place(ROBOBIN_START)
+        self._start = self._save()
+        self._frame(FRAME_SIZE)  # make the GL context now, so a missing backend fails inside make_env
+
+    def _frame(self, size):
+        return np.ascontiguousarray(super()._frame(size)[::-1, ::-1])
+
+    def _place(self, state):
+        """Put the hand and the blocks at the 9-D `state`, at rest, claws open: hold the mocap at the hand
+        position for 100 env steps (the arm moves there from where it is), then put the blocks in place."""
+        self.data.mocap_pos[0], self.data.mocap_quat[0] = state[:3], HAND_QUAT
+        self.data.ctrl[:] = -1.0, 1.0
+        mujoco.mj_step(self.model, self.data, nstep=100 * self.frame_skip)
+        for body, pos in [(self._block1, state[3:6]), (self._block2, state[6:9])]:
+            adr = self.model.jnt_qposadr[self.model.body_jntadr[body]]
+            self.data.qpos[adr : adr + 7] = [*pos, 1.0, 0.0, 0.0, 0.0]
+        self.data.qvel[:] = 0.0
+        mujoco.mj_forward(self.model, self.data)
+
+    def _act(self, action):
+        self.data.mocap_pos[0] = np.clip(self.data.mocap_pos[0] + 0.01 * action[:3], MOCAP_LOW, MOCAP_HIGH)
+        self.data.ctrl[:] = action[3], -action[3]
+        mujoco.mj_step(self.model, self.data, nstep=self.frame_skip)
+
+    def _coordinates(self):
+        return self.data.xpos[[self._hand, self._block1, self._block2]].ravel()
+
+    def task_success(self, task):
+        """Whether ROBOBIN_TASKS[task] is achieved in the current state: the hand within 0.1 of its target for
+        the reach tasks (0, 1), both blocks within 0.1 of theirs for the push tasks (2, 3)."""
+        state, goal = self._coordinates(), ROBOBIN_GOALS[task]
+        if task < 2:
+            return bool(np.linalg.norm(state[:3] - goal[:3]) < 0.1)
+        return bool(np.linalg.norm(state[3:6] - goal[3:6]) < 0.1 and np.linalg.norm(state[6:9] - goal[6:9]) < 0.1)
+
+    def task_goal_observation(self, task):
+        """ROBOBIN_TASKS[task]'s goal image (spec §3.5, §4.3): from the start, hand and blocks put at the goal
+        positions, one zero-action step, the view tiled 3 times along channels. Leaves the env there: reset
+        it before the next episode."""
+        self._restore(self._start)
+        self._place(ROBOBIN_GOALS[task])
+        self.step(np.zeros(4))
+        return self._goal_obs()
 
 
 def make_env(env_id, render_mode=None):
@@ -396,9 +700,13 @@ def make_env(env_id, render_mode=None):
         # the suite's model without walls, ball, target, terrain and rangefinders, floor 15×15 as in its
         # XML; 0.02 s control step; camera "y" (id 2), a side view following the COM
         env = DMCPixelEnv(quadruped.make_model(), common.ASSETS, _quadruped_pose, 0.02, "y", 1, render_mode)
-    else:
+    elif env_id == "Humanoid":
         # 0.025 s control step; camera "back" (id 0), behind the COM
         env = DMCPixelEnv(*humanoid.get_model_and_assets(), _humanoid_pose, 0.025, "back", 50, render_mode)
+    elif env_id == "Kitchen":
+        env = KitchenEnv(render_mode)
+    else:
+        env = RobobinEnv(render_mode)
     return gym.wrappers.TimeLimit(env, ENV_SPECS[env_id].horizon)
 
 
@@ -602,10 +910,18 @@ def make_encoder(observation_space):
     return nn.Identity(), observation_space.shape[0]
 
 
-def coverage(coordinates):
-    """State coverage (spec §4.2): the number of distinct 1×1 cells (1-unit bins for x only) visited.
+def coverage(coordinates, env_id=None):
+    """State coverage (spec §4.2) of `coordinates`, shape (..., coord_dim): every point of every trajectory.
 
-    `coordinates` has shape (..., coord_dim); every point of every trajectory counts.
+    Kitchen: the number of KITCHEN_TASKS achieved at any point (coordinates are their success flags).
+    Robobin: the number of distinct 9-D states rounded to 2 decimals.
+    Any other world (env_id None included): the number of distinct 1×1 cells (1-unit bins for x only) visited.
     """
-    cells = np.floor(np.asarray(coordinates)).astype(np.int64)
+    points = np.asarray(coordinates)
+    if env_id == "Kitchen":
+        return int(points.reshape(-1, len(KITCHEN_TASKS)).any(axis=0).sum())
+    if env_id == "Robobin":
+        cells = np.rint(points * 100).astype(np.int64)  # the same classes as rounding to 2 decimals
+    else:
+        cells = np.floor(points).astype(np.int64)
     return len(np.unique(cells.reshape(-1, cells.shape[-1]), axis=0))

@@ -9,6 +9,8 @@ The protocol of the official evaluation (`eval_goal_metrics`), for the agents wh
     x ∈ [-100, 100], Quadruped [-15, 15]², Humanoid [-10, 10]²). The goal observation is envs.py's: a fresh reset
     state with only its position replaced, normalized like every observation (state worlds), or the frame seen
     after placing the body there and letting it settle, tiled over the frame stack (pixel worlds).
+    On Kitchen and Robobin the goals are the world's named tasks (Kitchen's 6, Robobin's 4), drawn uniformly
+    with replacement; the goal observation is the task's goal image, and success is the task's test.
   - one episode per goal, from a fresh reset of the env, for the env's horizon. At every step the skill is
     inferred from the current observation s and the goal observation g:
         CSF, METRA       z = (φ(g) - φ(s)) / ‖φ(g) - φ(s)‖
@@ -17,7 +19,9 @@ The protocol of the official evaluation (`eval_goal_metrics`), for the agents wh
         VISR             z = ê(g) = φ(g) / ‖φ(g)‖
         DIAYN            z = onehot(argmax q(·|g)), the discriminator's guess for the goal
     and the action is sampled from the policy π(·|s, z), as the official evaluation does.
-  - metrics, from the positions after each step: staying time (the fraction of the horizon within 3, and within 1,
+  - metrics on Kitchen and Robobin: the fraction of the steps that pass the task's test (staying time), hit and
+    end success, and a bar plot per task.
+  - metrics elsewhere, from the positions after each step: staying time (the fraction of the horizon within 3, and within 1,
     of the goal: the paper's headline number), hit success (ever within the radius), end success (within it at the
     last step), the final distance, and the progress (distance at the reset minus the final distance).
 Printed as a table (means over goals), written with every goal's numbers to goal_reaching.json next to the
@@ -48,6 +52,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 GOAL_AGENTS = ("csf", "metra", "diayn", "visr")  # the agents the paper evaluates on goals (spec §2.7)
 RADII = (3.0, 1.0)
+TASK_WORLDS = {"Kitchen": envs.KITCHEN_TASKS, "Robobin": envs.ROBOBIN_TASKS}  # worlds whose goals are named tasks
 
 
 @dataclass
@@ -97,6 +102,9 @@ def parse_args(argv=None):
     if ckpt["agent"] not in GOAL_AGENTS:
         error(f"{args.checkpoint} is a {ckpt['agent']} checkpoint; the paper defines no zero-shot goal inference for "
               f"{ckpt['agent']}, only for {', '.join(GOAL_AGENTS)}")
+    if ckpt["args"].get("critic") == "mlp":
+        error(f"{args.checkpoint} was trained with --critic mlp: its φ reads pairs (s, s'), so there is no φ(g) - φ(s) "
+              f"to infer a skill from")
     return args, ckpt
 
 
@@ -117,6 +125,8 @@ def infer_skill(agent, discrete, phi_goal, phi_obs):
         return one_hot_argmax(phi_goal - phi_obs) if discrete else direction(phi_goal, phi_obs)
     if agent == "visr":
         return F.normalize(phi_goal, dim=-1)  # ê(g): the skill whose vMF score the goal maximizes
+    if isinstance(phi_goal, tuple):  # DIAYN on Robobin, Gaussian q(z|g): its mean (spec §4.3)
+        return phi_goal[0]
     return one_hot_argmax(phi_goal)  # DIAYN: argmax q(·|g)
 
 
@@ -134,6 +144,27 @@ def goal_metrics(start, positions, goal):
     metrics["final_distance"] = float(distance[-1])
     metrics["progress"] = float(np.linalg.norm(start - goal) - distance[-1])
     return metrics
+
+
+def task_metrics(successes):
+    """The metrics of one episode towards a named task: the fraction of its steps that satisfy the task's success
+    test (the official staying time, a raw count there, divided by the horizon), ever (hit), at the last step (end)."""
+    successes = np.asarray(successes, dtype=float)
+    return {"staying_time": float(successes.mean()), "hit": float(successes.max()), "end": float(successes[-1])}
+
+
+def plot_tasks(per_goal, tasks, path, title):
+    """Mean staying time per task, over the episodes that asked for it."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    values = [np.mean([g["staying_time"] for g in per_goal if g["goal"] == task] or [np.nan]) for task in tasks]
+    ax.bar(range(len(tasks)), values)
+    ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("staying time")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def plot_episodes(episodes, goals, path, title):
@@ -173,22 +204,28 @@ def main(args, ckpt):
         error(e)
     env.reset(seed=args.seed)
     action_dim = env.action_space.shape[0]
-    phi = agent.Phi(env.observation_space, trained["skill_dim"], trained["hidden_dim"]).to(device)
+    gaussian = {"gaussian": True} if trained["env_id"] in getattr(agent, "GAUSSIAN_ENVS", ()) else {}  # DIAYN-Robobin
+    phi = agent.Phi(env.observation_space, trained["skill_dim"], trained["hidden_dim"], **gaussian).to(device)
     actor = agent.Actor(env.observation_space, action_dim, trained["skill_dim"], trained["hidden_dim"]).to(device)
     phi.load_state_dict(ckpt["phi"])
     actor.load_state_dict(ckpt["actor"])
     phi.eval(), actor.eval()
 
-    goals = rng.uniform(-spec.goal_range, spec.goal_range, (args.num_goals, spec.coord_dim))
+    tasks = TASK_WORLDS.get(trained["env_id"])
+    if tasks:  # the world's named tasks, drawn uniformly with replacement (spec §4.3)
+        goals = rng.integers(len(tasks), size=args.num_goals)
+    else:
+        goals = rng.uniform(-spec.goal_range, spec.goal_range, (args.num_goals, spec.coord_dim))
     variants = ("adaptive", "single") if ckpt["agent"] == "metra" and discrete else ("adaptive",)
     results = {}
     for variant in variants:
         per_goal, episodes = [], []
         for goal in goals:
             with torch.no_grad():
-                phi_goal = phi(torch.as_tensor(env.unwrapped.goal_observation(goal)[None], device=device))
+                goal_obs = env.unwrapped.task_goal_observation(goal) if tasks else env.unwrapped.goal_observation(goal)
+                phi_goal = phi(torch.as_tensor(goal_obs[None], device=device))
                 obs, info = env.reset()  # the goal observation moved the body; start the episode afresh
-                start, positions, skill = info["coordinates"], [], None
+                start, positions, successes, skill = info["coordinates"], [], [], None
                 for _ in range(spec.horizon):
                     obs = torch.as_tensor(obs[None], device=device)
                     if skill is None or variant == "adaptive":  # "single": z chosen at the first step only
@@ -196,16 +233,24 @@ def main(args, ckpt):
                     action = actor.mode(obs, skill) if args.deterministic else actor.sample(obs, skill)[0]
                     obs, _, terminated, truncated, info = env.step(action[0].cpu().numpy())
                     positions.append(info["coordinates"])
+                    successes.append(tasks is not None and env.unwrapped.task_success(goal))
                     if terminated or truncated:
                         break
-            per_goal.append({"goal": goal.tolist(), **goal_metrics(start, np.stack(positions), goal)})
+            if tasks:
+                per_goal.append({"goal": tasks[goal], **task_metrics(successes)})
+            else:
+                per_goal.append({"goal": goal.tolist(), **goal_metrics(start, np.stack(positions), goal)})
             episodes.append((start, np.stack(positions)))
         means = {key: float(np.mean([g[key] for g in per_goal])) for key in per_goal[0] if key != "goal"}
         results[variant] = {"mean": means, "per_goal": per_goal}
         stem = "goal_reaching" if len(variants) == 1 else f"goal_reaching_{variant}"
-        plot_episodes(episodes, goals, os.path.join(os.path.dirname(args.checkpoint), f"{stem}.png"),
-                      f"{ckpt['agent']} {trained['env_id']}, {ckpt['epoch'] * trained['num_envs'] * spec.horizon:,} "
-                      f"env steps, {variant}: staying time (r = 3) {means['staying_time_3']:.3f}")
+        title = (f"{ckpt['agent']} {trained['env_id']}, {ckpt['epoch'] * trained['num_envs'] * spec.horizon:,} env "
+                 f"steps, {variant}")
+        path = os.path.join(os.path.dirname(args.checkpoint), f"{stem}.png")
+        if tasks:
+            plot_tasks(per_goal, tasks, path, f"{title}: staying time {means['staying_time']:.3f}")
+        else:
+            plot_episodes(episodes, goals, path, f"{title}: staying time (r = 3) {means['staying_time_3']:.3f}")
     env.close()
 
     report = {"checkpoint": args.checkpoint, "agent": ckpt["agent"], "env_id": trained["env_id"],

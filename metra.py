@@ -25,7 +25,8 @@ trajectories with one skill each, then, once `learning_starts` transitions are s
   4. Q step: Σ_i 0.5 E[(Q_i(s, a, z) - y)²], y = r + γ (min_i Q̄_i(s', a', z) - α log π(a'|s', z)), a' ~ π(·|s', z),
      never terminal.
   5. π step: minimize E[α log π(a|s, z) - min_i Q_i(s, a, z)], a ~ π(·|s, z) reparameterized.
-  6. α step: automatic entropy tuning towards -|A|/2, α starting at 0.01.
+  6. α step: automatic entropy tuning towards -|A|/2, α starting at 0.01 (on Kitchen α stays at 0.01, as the
+     official script freezes it).
   7. Polyak averaging of both target Qs, τ = 5e-3.
 
 Deliberate differences from the official code:
@@ -47,7 +48,6 @@ Deliberate differences from the official code:
   - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
     22 GB at 300k transitions, same samples); envs.py renders without shadows or multisampling and seeds
     every env differently (spec §5.18), as for csf.py.
-  - Kitchen's fixed α = 0.01 is not there yet (no Kitchen env yet).
 """
 
 import json
@@ -58,7 +58,7 @@ import resource
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Literal, Optional
+from typing import Optional
 
 import gymnasium as gym
 import matplotlib
@@ -78,6 +78,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 AGENT = "metra"
 SKILL_DIMS = {"Ant": 2, "HalfCheetah": 16, "Quadruped": 4, "Humanoid": 2, "Kitchen": 24, "Robobin": 9}  # paper Table 4
 DISCRETE_ENVS = ("HalfCheetah", "Kitchen")  # one-hot skills in the METRA scripts (spec §1.2)
+FIXED_ALPHA_ENVS = ("Kitchen",)  # the official METRA-Kitchen script freezes α at its initial 0.01 (spec §2.2, §2.7)
 NUM_DPHI_SAMPLES = 10_000  # replay transitions behind the E‖Δφ‖² diagnostic and --save-repr-stats
 NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 
@@ -85,7 +86,7 @@ NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 @dataclass
 class Args:
     env_id: str = "Ant"
-    """the environment: Ant, HalfCheetah (states), Quadruped or Humanoid (64×64 pixels)"""
+    """the environment: Ant, HalfCheetah (states), Quadruped, Humanoid, Kitchen or Robobin (64×64 pixels)"""
     skill_dim: Optional[int] = None
     """dimension d of z, or number K of one-hot skills (unset: the paper's: Ant 2, HalfCheetah K = 16, Quadruped 4, Humanoid 2)"""
     discrete: Optional[bool] = None
@@ -95,19 +96,21 @@ class Args:
     total_env_steps: Optional[int] = None
     """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states, 4.8M on pixels)"""
     num_envs: Optional[int] = None
-    """trajectories collected per epoch, one skill each, stepped together (unset: 8)"""
+    """trajectories collected per epoch, one skill each, stepped together (unset: 8, Robobin 10)"""
     grad_steps_per_epoch: Optional[int] = None
-    """gradient steps after each collection round (unset: 50 on states, 200 on pixels)"""
+    """gradient steps after each collection round (unset: 50 on states, 200 on Quadruped and Humanoid, 100 on
+    Kitchen and Robobin)"""
     learning_starts: int = 10_000
     """transitions stored before the first gradient step"""
     batch_size: int = 256
     """transitions per minibatch, sampled uniformly with replacement"""
     buffer_size: Optional[int] = None
-    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels)"""
+    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels, Kitchen 100k)"""
     hidden_dim: int = 1024
     """width of the two hidden layers of φ, Q and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
     eval_every: Optional[int] = None
-    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, pixels 125); the last epoch is always evaluated"""
+    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, Quadruped and Humanoid 125, Kitchen 250, Robobin
+    500); the last epoch is always evaluated"""
     checkpoint_every: Optional[int] = None
     """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
     resume: Optional[str] = None
@@ -126,10 +129,11 @@ class Args:
     """deterministic evaluation rollouts per evaluation (the paper's 48): fresh skills, or the K one-hots in turn"""
     save_repr_stats: bool = False
     """at each evaluation, save Δφ, Δφ - z and Δφ/‖Δφ‖ of 10k replay transitions to repr_stats_<env steps>.npz"""
-    repr_loss: Literal["dual", "contrastive"] = "dual"
-    """φ objective: METRA's dual-constrained one, or CSF's contrastive lower bound (METRA-C, no λ)"""
-    constraint_norm: Literal["sum", "mean"] = "sum"
-    """‖Δφ‖² in the constraint: summed over dimensions (CSF repo, the paper's numbers) or averaged (official METRA)"""
+    repr_loss: str = "dual"
+    """φ objective: dual, METRA's dual-constrained one, or contrastive, CSF's contrastive lower bound (METRA-C, no λ;
+    paper §6: it matches METRA)"""
+    constraint_norm: str = "sum"
+    """‖Δφ‖² in the constraint: sum over dimensions (CSF repo, the paper's numbers) or mean (official METRA)"""
     dual_lam: float = 30.0
     """initial λ"""
     dual_slack: float = 1e-3
@@ -147,7 +151,7 @@ class Args:
     lr: float = 1e-4
     """Adam learning rate of φ, Q, π and log α"""
     alpha_init: float = 0.01
-    """initial entropy temperature α (tuned automatically towards entropy -|A|/2)"""
+    """initial entropy temperature α (tuned automatically towards entropy -|A|/2; fixed at it on Kitchen)"""
     compile: bool = False
     """torch.compile the three losses (forward and backward) and fuse each Adam step (same numbers as eager up to
     float rounding)"""
@@ -162,6 +166,8 @@ FLAG_RANGES = {
     "xi": "[0, inf)", "num_negatives": "[1, inf)", "gamma": "[0, 1)", "tau": "(0, 1]", "lr": "(0, inf)",
     "alpha_init": "(0, inf)",
 }
+# Every choice flag and its choices.
+FLAG_CHOICES = {"repr_loss": ("dual", "contrastive"), "constraint_norm": ("sum", "mean")}
 # What --resume may change: neither the learning problem nor the random streams depend on these.
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "track",
                      "wandb_project_name", "wandb_entity", "capture_video", "save_repr_stats", "compile")
@@ -209,6 +215,9 @@ def parse_args(argv=None):
     for flag, interval in FLAG_RANGES.items():
         if not in_range(getattr(args, flag), interval):
             error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
+    for flag, choices in FLAG_CHOICES.items():
+        if getattr(args, flag) not in choices:
+            error(f"--{flag.replace('_', '-')} must be one of {', '.join(choices)}, got {getattr(args, flag)!r}")
     if args.discrete and args.skill_dim < 2:
         error(f"one-hot skills need --skill-dim K >= 2, got {args.skill_dim}")
     if args.discrete and args.repr_loss == "contrastive":
@@ -598,7 +607,8 @@ def main(args, ckpt=None):
         coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
         env_steps = epoch * steps_per_epoch
         result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
-                  "wall_time": round(wall_time + time.time() - segment_start, 2), "coverage": envs.coverage(coordinates)}
+                  "wall_time": round(wall_time + time.time() - segment_start, 2),
+                  "coverage": envs.coverage(coordinates, args.env_id)}
         if rb.size > 0:  # E‖φ(s') - φ(s)‖² and the mean constraint term over replay transitions
             n = min(NUM_DPHI_SAMPLES, rb.size)  # in chunks that fit in memory with pixels
             batches = [rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000)]
@@ -691,9 +701,10 @@ def main(args, ckpt=None):
             qf1.requires_grad_(True), qf2.requires_grad_(True)
         with record_function("alpha step"):  # then the target Qs: Q̄ ← (1 - τ) Q̄ + τ Q, every tensor in one call
             alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
-            alpha_optimizer.zero_grad()
-            alpha_loss.backward()
-            alpha_optimizer.step()
+            if args.env_id not in FIXED_ALPHA_ENVS:
+                alpha_optimizer.zero_grad()
+                alpha_loss.backward()
+                alpha_optimizer.step()
             with torch.no_grad():
                 torch._foreach_lerp_(qf_target_params, qf_params, args.tau)
         extra = [logsumexp] if contrastive else [lam_loss, log_lam.exp()]

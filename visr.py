@@ -74,7 +74,7 @@ NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 @dataclass
 class Args:
     env_id: str = "Ant"
-    """the environment: Ant, HalfCheetah (states), Quadruped or Humanoid (64×64 pixels)"""
+    """the environment: Ant, HalfCheetah (states), Quadruped, Humanoid, Kitchen or Robobin (64×64 pixels)"""
     skill_dim: Optional[int] = None
     """dimension d of the skill z on the unit sphere (unset: the paper's 5 on every env)"""
     seed: int = 1
@@ -82,19 +82,21 @@ class Args:
     total_env_steps: Optional[int] = None
     """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states, 4.8M on pixels)"""
     num_envs: Optional[int] = None
-    """trajectories collected per epoch, one skill each, stepped together (unset: 8)"""
+    """trajectories collected per epoch, one skill each, stepped together (unset: 8, Robobin 10)"""
     grad_steps_per_epoch: Optional[int] = None
-    """gradient steps after each collection round (unset: 50 on states, 200 on pixels)"""
+    """gradient steps after each collection round (unset: 50 on states, 200 on Quadruped and Humanoid, 100 on
+    Kitchen and Robobin)"""
     learning_starts: int = 10_000
     """transitions stored before the first gradient step"""
     batch_size: int = 256
     """transitions per minibatch, sampled uniformly with replacement"""
     buffer_size: Optional[int] = None
-    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels)"""
+    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels, Kitchen 100k)"""
     hidden_dim: int = 1024
     """width of the two hidden layers of φ, ψ and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
     eval_every: Optional[int] = None
-    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, pixels 125); the last epoch is always evaluated"""
+    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, Quadruped and Humanoid 125, Kitchen 250, Robobin
+    500); the last epoch is always evaluated"""
     checkpoint_every: Optional[int] = None
     """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
     resume: Optional[str] = None
@@ -496,7 +498,8 @@ def main(args, ckpt=None):
         coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
         env_steps = epoch * steps_per_epoch
         result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
-                  "wall_time": round(wall_time + time.time() - segment_start, 2), "coverage": envs.coverage(coordinates)}
+                  "wall_time": round(wall_time + time.time() - segment_start, 2),
+                  "coverage": envs.coverage(coordinates, args.env_id)}
         if rb.size > 0:  # mean ê(s)ᵀz over replay transitions (0 untrained, 1 perfect), in chunks that fit in memory
             n = min(NUM_DIAGNOSTIC_SAMPLES, rb.size)
             batches = [rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000)]

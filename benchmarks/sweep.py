@@ -26,8 +26,11 @@ import argparse
 import glob
 import hashlib
 import importlib
+import itertools
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -51,27 +54,28 @@ def run_job(command, cwd, threads):
         return subprocess.run(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
 
 
-def plan(agents, env_ids, seeds, flags, sweep_dir):
-    """Every run of the sweep: its folder, command and budget (final env steps). A combination the agent refuses is
-    skipped with one line."""
+def plan(agents, env_ids, seeds, flags, sweep_dir, variants=("",)):
+    """Every run of the sweep: its folder, command and budget (final env steps). A variant is a string of more flags
+    (an ablation: "--critic mlp"). A combination the agent refuses is skipped with one line."""
     runs, refused = [], set()
-    for agent_name in agents:
+    for agent_name, variant, env_id in itertools.product(agents, variants, env_ids):
         agent = importlib.import_module(agent_name)
-        for env_id in env_ids:
-            for seed in seeds:
-                argv = ["--env-id", env_id, "--seed", str(seed), *flags]
-                try:
-                    args, _ = agent.parse_args(argv)
-                except SystemExit as refusal:
-                    if (agent_name, env_id, str(refusal.code)) not in refused:  # one line per agent, env and reason
-                        refused.add((agent_name, env_id, str(refusal.code)))
-                        print(f"skipped {agent_name} on {env_id}: {refusal.code}")
-                    continue
-                steps_per_epoch = args.num_envs * envs.ENV_SPECS[env_id].horizon
-                runs.append({"agent": agent_name, "env_id": env_id, "seed": seed, "argv": argv,
-                             "folder": os.path.join(sweep_dir, f"{agent_name}_{env_id}_seed{seed}"),
-                             "final_env_steps": args.total_env_steps // steps_per_epoch * steps_per_epoch,
-                             "status": "pending"})
+        slug = re.sub(r"[^\w.]+", "-", variant).strip("-")  # "--critic mlp" -> "critic-mlp"
+        label = f"{agent_name}_{slug}_{env_id}" if slug else f"{agent_name}_{env_id}"
+        for seed in seeds:
+            argv = ["--env-id", env_id, "--seed", str(seed), *shlex.split(variant), *flags]
+            try:
+                args, _ = agent.parse_args(argv)
+            except SystemExit as refusal:
+                if (label, str(refusal.code)) not in refused:  # one line per agent, variant, env and reason
+                    refused.add((label, str(refusal.code)))
+                    print(f"skipped {' '.join([agent_name, variant]).strip()} on {env_id}: {refusal.code}")
+                continue
+            steps_per_epoch = args.num_envs * envs.ENV_SPECS[env_id].horizon
+            runs.append({"agent": agent_name, "variant": variant, "env_id": env_id, "seed": seed, "argv": argv,
+                         "folder": os.path.join(sweep_dir, f"{label}_seed{seed}"),
+                         "final_env_steps": args.total_env_steps // steps_per_epoch * steps_per_epoch,
+                         "status": "pending"})
     return runs
 
 
@@ -101,7 +105,8 @@ def write_state(sweep_dir, runs):
     path = os.path.join(sweep_dir, "sweep.jsonl")
     with open(path + ".tmp", "w") as f:
         for run in runs:
-            f.write(json.dumps({"agent": run["agent"], "env_id": run["env_id"], "seed": run["seed"],
+            f.write(json.dumps({"agent": run["agent"], "variant": run["variant"], "env_id": run["env_id"],
+                                "seed": run["seed"],
                                 "status": run["status"], "folder": os.path.relpath(run["folder"], sweep_dir),
                                 "command": f"python {run['agent']}.py {' '.join(run['argv'])}"}) + "\n")
     os.replace(path + ".tmp", path)
@@ -124,7 +129,7 @@ def make_executor(args, folder):
 
 
 def sweep(args, flags):
-    runs = plan(args.agents, args.env_ids, args.seeds, flags, args.sweep_dir)
+    runs = plan(args.agents, args.env_ids, args.seeds, flags, args.sweep_dir, args.variants)
     if not runs:
         sys.exit("sweep.py: error: no run left to do: every combination was refused")
     for run in runs:
@@ -201,7 +206,8 @@ def report(sweep_dir):
     for run in runs:
         evals = read_evals(run["folder"])
         if evals:
-            groups.setdefault((run["agent"], run["env_id"]), []).append((run, evals))
+            name = f"{run['agent']} {run.get('variant', '')}".strip()
+            groups.setdefault((name, run["env_id"]), []).append((run, evals))
     env_ids = sorted({env_id for _, env_id in groups})
     fig, axes = plt.subplots(1, max(len(env_ids), 1), figsize=(5 * max(len(env_ids), 1), 4), squeeze=False)
     extras = sorted({k for members in groups.values() for run, _ in members
@@ -245,6 +251,8 @@ def main(argv=None):
     parser.add_argument("--agents", nargs="+", default=["csf", "metra"], help="agent scripts: csf metra diayn visr")
     parser.add_argument("--env-ids", nargs="+", default=["Ant"], help="envs of envs.py")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--variants", nargs="+", default=[""], help='more flags per variant of each agent, one string '
+                        'each: --variants "--critic inner" "--critic mlp" (an ablation)')
     parser.add_argument("--sweep-dir", help="the sweep's folder (unset: benchmarks/sweeps/<a name made from the "
                                             "command>, so the same command finds its sweep again)")
     parser.add_argument("--report", metavar="SWEEP_DIR", help="only write the report of an existing sweep")
@@ -266,7 +274,7 @@ def main(argv=None):
     if args.workers < 1:
         sys.exit(f"sweep.py: error: --workers must be at least 1, got {args.workers}")
     if args.sweep_dir is None:
-        key = json.dumps([sorted(args.agents), sorted(args.env_ids), sorted(args.seeds), flags])
+        key = json.dumps([sorted(args.agents), sorted(args.env_ids), sorted(args.seeds), args.variants, flags])
         args.sweep_dir = os.path.join(ROOT, "benchmarks", "sweeps", hashlib.sha1(key.encode()).hexdigest()[:10])
     args.sweep_dir = os.path.abspath(args.sweep_dir)
     os.makedirs(args.sweep_dir, exist_ok=True)

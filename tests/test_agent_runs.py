@@ -20,6 +20,7 @@ from conftest import (AGENTS, FIVE_EPOCHS, assert_same_state, checkpoint_copies,
 
 import csf
 import envs
+import goal_reaching
 import metra
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,3 +220,30 @@ def test_compiled_update_matches_the_eager_one(agent, tmp_path):
         for key, value in eager_ckpt[network].items():
             assert torch.allclose(compiled_ckpt[network][key], value, rtol=1e-4, atol=1e-6), (network, key)
     assert compiled_ckpt["args"]["compile"] and not eager_ckpt["args"]["compile"]
+
+
+@pytest.mark.parametrize("env_id", ["Kitchen", "Robobin"])
+@pytest.mark.parametrize("agent", [csf, metra], ids=name)
+def test_manipulation_smoke_run_and_task_goals(agent, env_id, tmp_path):
+    """One epoch on the manipulation worlds: an update, two evaluations with their coverage, and zero-shot goals
+    that are the world's named tasks."""
+    horizon = envs.ENV_SPECS[env_id].horizon
+    run_dir = run_agent(agent, tmp_path, "--env-id", env_id, "--total-env-steps", str(horizon), "--num-envs", "1",
+                        "--learning-starts", str(horizon), "--grad-steps-per-epoch", "2", "--batch-size", "4",
+                        "--hidden-dim", "8", "--buffer-size", str(horizon), "--num-eval-skills", "1", "--no-cuda")
+    first, last = read_evals(run_dir)
+    assert last["grad_steps"] == 2 and all(math.isfinite(v) for v in last.values())
+    if env_id == "Kitchen":  # how many of the 6 tasks a rollout achieved
+        assert 0 <= last["coverage"] <= 6
+    else:  # distinct 9-D states on the 2-decimal grid: the arm moves, so more than one
+        assert 1 < last["coverage"] <= horizon + 1
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    if name(agent) == "metra" and env_id == "Kitchen":  # one-hot K = 24, α frozen at 0.01 (the official script)
+        assert ckpt["args"]["discrete"] and ckpt["args"]["skill_dim"] == 24
+        assert torch.equal(ckpt["log_alpha"], torch.tensor(math.log(0.01))) and last["alpha"] == pytest.approx(0.01)
+    if name(agent) == "csf":  # (the goal code is the same for every agent: test_goal_reaching.py)
+        report = goal_reaching.main(*goal_reaching.parse_args(
+            ["--checkpoint", os.path.join(run_dir, "checkpoint.pt"), "--num-goals", "1", "--no-cuda"]))
+        (goal,) = report["results"]["adaptive"]["per_goal"]
+        tasks = envs.KITCHEN_TASKS if env_id == "Kitchen" else envs.ROBOBIN_TASKS
+        assert goal["goal"] in tasks and 0 <= goal["staying_time"] <= goal["hit"] <= 1

@@ -137,3 +137,14 @@ def test_pixel_env_without_opengl_is_one_line_naming_the_package(agent, tmp_path
     assert proc.returncode != 0
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"{name(agent)}.py: error: cannot render") and "libosmesa6" in line
+
+
+@pytest.mark.parametrize("agent", [a for a in AGENTS if hasattr(a, "FLAG_CHOICES")], ids=name)
+def test_a_choice_flag_refuses_another_value_with_one_line(agent):
+    assert {f.name for f in dataclasses.fields(agent.Args) if f.type is str} >= set(agent.FLAG_CHOICES)
+    for flag, choices in agent.FLAG_CHOICES.items():
+        option = "--" + flag.replace("_", "-")
+        assert rejects(agent, [option, "nonsense"]).endswith(f"{option} must be one of {', '.join(choices)}, "
+                                                             "got 'nonsense'")
+        for choice in choices:  # every choice is accepted (alone; METRA-C needs unit-sphere skills)
+            agent.parse_args([option, choice, *(["--env-id", "Ant"])])

@@ -4,6 +4,7 @@ import math
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
 import csf
@@ -118,3 +119,56 @@ def test_pixel_buffer_rebuilds_the_env_stacks_across_trajectory_boundaries():
             rebuilt = rb.observation(np.array([slot]), np.array([t]))[0]
             assert np.array_equal(rebuilt, trajectory[t]), (slot, t)
     assert not np.array_equal(trajectories[1][0], trajectories[2][0])  # different starts, so the check is not vacuous
+
+
+# ---------------------------------------------------------------- the paper's ablations (--critic, --reward)
+DPHI = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+SKILL = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+NEGATIVES = torch.tensor([[1.0, 0.0], [-1.0, 0.0]])
+
+
+@pytest.mark.parametrize("critic, positives, negative_scores", [
+    # inner (and mlp, on its own features): xᵀz
+    ("inner", [1.0, 2.0], [[1.0, -1.0], [0.0, 0.0]]),
+    ("mlp", [1.0, 2.0], [[1.0, -1.0], [0.0, 0.0]]),
+    # gaussian: -½‖x - z‖²: (1,0)-(1,0) → 0, (1,0)-(-1,0) → -2; (0,2)-(0,1) → -0.5, (0,2)-(±1,0) → -2.5
+    ("gaussian", [0.0, -0.5], [[0.0, -2.0], [-2.5, -2.5]]),
+    # laplacian: -‖x - z‖₁: 0 and -2; -1, and -3 for both negatives
+    ("laplacian", [0.0, -1.0], [[0.0, -2.0], [-3.0, -3.0]]),
+])
+def test_each_critic_phi_loss_on_a_hand_batch(critic, positives, negative_scores):
+    xi = 5.0
+    lse = [math.log(sum(math.exp(v) for v in row)) for row in negative_scores]
+    expected = -sum(p - xi * l for p, l in zip(positives, lse)) / 2
+    loss, logsumexp = csf.contrastive_phi_loss(DPHI, SKILL, NEGATIVES, xi, critic)
+    assert loss.item() == pytest.approx(expected, rel=1e-6) and logsumexp.item() == pytest.approx(sum(lse) / 2)
+    assert csf.critic_value(DPHI, SKILL, critic).tolist() == pytest.approx(positives)
+
+
+def test_inner_critic_is_todays_loss_exactly():
+    dphi, skill, negatives = torch.randn(64, 3), csf.sample_skills(64, 3), csf.sample_skills(256, 3)
+    positive = (dphi * skill).sum(-1)
+    expected = -(positive - 5.0 * torch.logsumexp(dphi @ negatives.T, dim=-1)).mean()
+    assert torch.equal(csf.contrastive_phi_loss(dphi, skill, negatives, 5.0)[0], expected)  # bit for bit
+
+
+@pytest.mark.parametrize("critic", ["inner", "gaussian", "laplacian"])
+def test_mutual_information_reward_is_the_per_sample_contrastive_bound(critic):
+    bottleneck = csf.intrinsic_reward(DPHI, SKILL, NEGATIVES, 5.0, critic)
+    assert torch.equal(bottleneck, csf.critic_value(DPHI, SKILL, critic))  # the negative term left out
+    mi = csf.intrinsic_reward(DPHI, SKILL, NEGATIVES, 5.0, critic, "mutual-information")
+    loss, _ = csf.contrastive_phi_loss(DPHI, SKILL, NEGATIVES, 5.0, critic)
+    assert mi.mean().item() == pytest.approx(-loss.item(), rel=1e-6)  # φ's objective, sample by sample
+    lse = csf.negative_logsumexp(DPHI, NEGATIVES, critic)
+    assert torch.allclose(mi, bottleneck - 5.0 * lse)
+
+
+def test_scalar_head_enters_the_value_and_the_argmin():
+    skill = torch.tensor([[1.0, 0.0]])
+    assert csf.sf_value(torch.tensor([[1.0, 2.0]]), skill).item() == 1.0  # ψᵀz
+    assert csf.sf_value(torch.tensor([[1.0, 2.0, 3.0]]), skill).item() == 4.0  # ψᵀz + ψ₀
+    # ψ̄1 has the larger ψ̄ᵀz (2 > 1) but the smaller value once its scalar head (-5) counts: it is the argmin
+    next_psi1, next_psi2 = torch.tensor([[2.0, 0.0, -5.0]]), torch.tensor([[1.0, 0.0, 0.0]])
+    cumulant = torch.tensor([[0.5, 0.0, -1.0]])
+    target = csf.successor_feature_target(cumulant, next_psi1, next_psi2, skill, gamma=0.5)
+    assert target.tolist() == [[0.5 + 1.0, 0.0, -1.0 - 2.5]]

@@ -38,3 +38,17 @@ def test_halfcheetah_run_draws_fresh_negatives_apart_from_the_positives(tmp_path
     assert ckpt["args"]["env_id"] == "HalfCheetah" and ckpt["args"]["skill_dim"] == 2  # the paper's d
     assert ckpt["buffer"]["frames"].shape == (6, 201, 18)  # 3 epochs of 2 trajectories of 18-D states
     assert os.path.isfile(os.path.join(run_dir, "skills_0000001200.png"))
+
+
+@pytest.mark.parametrize("flags", [["--critic", "mlp"], ["--critic", "gaussian"], ["--critic", "laplacian"],
+                                   ["--reward", "mutual-information"]], ids=" ".join)
+def test_every_ablation_crosses_an_update_and_an_evaluation(flags, tmp_path):
+    run_dir = run_agent(csf, tmp_path, *flags, "--total-env-steps", "800", "--num-envs", "2", "--learning-starts", "400",
+                        "--grad-steps-per-epoch", "2", "--batch-size", "16", "--hidden-dim", "16", "--num-negatives",
+                        "8", "--num-eval-skills", "2", "--no-cuda")
+    first, last = read_evals(run_dir)
+    assert last["grad_steps"] == 4 and all(math.isfinite(v) for v in last.values())
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    scalar_head = flags != ["--critic", "mlp"]  # a reward not linear in z adds ψ's scalar head
+    assert ckpt["psi1"]["net.4.weight"].shape[0] == 2 + scalar_head
+    assert ckpt["phi"]["net.0.weight"].shape[1] == (58 if flags == ["--critic", "mlp"] else 29)  # (s, s') or s

@@ -75,3 +75,16 @@ def test_halfcheetah_run_feeds_the_discriminator_the_next_observation(tmp_path, 
     ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
     assert ckpt["args"]["skill_dim"] == 50 and ckpt["args"]["alpha"] == 0.1 and "log_alpha" not in ckpt
     assert np.all(ckpt["buffer"]["skills"].sum(1) == 1) and ckpt["buffer"]["skills"].shape == (4, 50)
+
+
+def test_gaussian_discriminator_of_the_official_robobin_script():
+    """z ~ N(0, I_d), q(z|s') = N(μ(s'), σ(s')), r = log q(z|s') - log(1/d) (spec §2.3, §5.11)."""
+    mean, log_std = torch.tensor([[0.0, 1.0]]), torch.tensor([[0.0, math.log(2.0)]])
+    skill = torch.tensor([[1.0, 1.0]])
+    # log N(1; 0, 1) + log N(1; 1, 2) = (-½ - ½ log 2π) + (-log 2 - ½ log 2π), plus log d = log 2
+    expected = -0.5 - math.log(2.0) - math.log(2 * math.pi) + math.log(2.0)
+    assert diayn.diayn_reward((mean, log_std), skill).item() == pytest.approx(expected, rel=1e-6)
+    phi = diayn.Phi(diayn.envs.make_env("Ant").observation_space, 9, 16, gaussian=True)
+    out_mean, out_log_std = phi(torch.randn(3, 29))
+    assert out_mean.shape == out_log_std.shape == (3, 9)
+    assert diayn.sample_skills(4, 9, gaussian=True).shape == (4, 9)

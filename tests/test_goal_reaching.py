@@ -121,6 +121,8 @@ def test_bad_input_is_one_line(tmp_path):
         assert f"the paper defines no zero-shot goal inference for {other}" in refuses(
             ["--checkpoint", str(tmp_path / f"{other}.pt")])
     assert "--num-goals must be in [1, inf)" in refuses(["--checkpoint", "x.pt", "--num-goals", "0"])
+    torch.save({"agent": "csf", "args": {"env_id": "Ant", "critic": "mlp"}}, tmp_path / "mlp.pt")
+    assert "trained with --critic mlp" in refuses(["--checkpoint", str(tmp_path / "mlp.pt")])
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "goal_reaching.py"), "--run", str(tmp_path / "empty_run")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

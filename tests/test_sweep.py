@@ -111,3 +111,19 @@ def test_refused_combinations_are_skipped_with_one_line(tmp_path, capsys):
     assert runs[0]["final_env_steps"] == 64_000_000  # the paper's budget, from the agent's own defaults
     with pytest.raises(SystemExit):
         sweep.main(["--report", str(tmp_path)])  # not a sweep folder
+
+
+def test_variants_are_runs_of_their_own_and_rows_of_their_own(tmp_path, capsys):
+    runs = sweep.plan(["csf"], ["HalfCheetah"], [1], ["--hidden-dim", "16"], str(tmp_path),
+                      ["--critic inner", "--critic mlp", "--critic nonsense"])
+    assert [(os.path.basename(r["folder"]), r["argv"][4:6]) for r in runs] == [
+        ("csf_critic-inner_HalfCheetah_seed1", ["--critic", "inner"]), ("csf_critic-mlp_HalfCheetah_seed1", ["--critic", "mlp"])]
+    assert "skipped csf --critic nonsense on HalfCheetah: csf.py: error: --critic must be one of" in capsys.readouterr().out
+    for run, coverage in zip(runs, (30, 3)):
+        run["status"] = "done"
+        write_run(run["folder"], [2, coverage], steps=(0, 1600))
+    sweep.write_state(str(tmp_path), runs)
+    sweep.report(str(tmp_path))
+    text = (tmp_path / "report.md").read_text()
+    assert "| csf --critic inner | HalfCheetah | 1 | 1,600 | 30.0 (30–30) |" in text
+    assert "| csf --critic mlp | HalfCheetah | 1 | 1,600 | 3.0 (3–3) |" in text
