@@ -31,7 +31,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 PAPER_ENV_STEPS, STEPS_PER_EPOCH = 64_000_000, 8 * 200  # the paper's Ant run: 40k epochs of 8 × 200 steps
-SECTIONS = ("collection", "sampling", "phi step", "psi step", "qf step", "actor step", "alpha step", "evaluation")
+SECTIONS = ("collection", "sampling", "phi step", "model step", "psi step", "qf step", "actor step", "alpha step",
+            "evaluation")
 PAPER_EVAL_EVERY = 500  # epochs between evaluations on Ant
 WINDOWS = 6  # measured windows per run
 

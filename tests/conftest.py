@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import torch
 
+import cic
 import csf
+import dads
 import diayn
 import metra
 import visr
 
-AGENTS = [csf, metra, diayn, visr]
+AGENTS = [csf, metra, diayn, visr, cic, dads]
 # 2 trajectories of 200 steps per epoch; 3 gradient steps in every epoch from epoch 1 on (800 transitions stored)
 TINY = ("--num-envs", "2", "--learning-starts", "800", "--grad-steps-per-epoch", "3", "--batch-size", "16",
         "--hidden-dim", "16", "--buffer-size", "4000", "--num-eval-skills", "4", "--no-cuda")

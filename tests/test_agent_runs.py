@@ -18,10 +18,14 @@ import torch
 from conftest import (AGENTS, FIVE_EPOCHS, assert_same_state, checkpoint_copies, load, name, read_evals, run_agent,
                       without_timing)
 
+import cic
 import csf
+import dads
+import diayn
 import envs
 import goal_reaching
 import metra
+import visr
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HORIZON = 200
@@ -30,13 +34,20 @@ DIAGNOSTICS = {"csf": ("phi_loss", "psi_loss", "actor_loss", "alpha_loss", "logs
                "metra": ("phi_loss", "qf_loss", "actor_loss", "alpha_loss", "reward", "batch_constraint", "alpha",
                          "lambda_loss", "lambda", "dphi_sq", "constraint"),
                "diayn": ("phi_loss", "qf_loss", "actor_loss", "reward", "disc_accuracy"),
-               "visr": ("phi_loss", "psi_loss", "actor_loss", "alpha_loss", "batch_score", "alpha", "score")}
-# the φ loss of each agent: a module function that returns (loss, ...), poisoned by the NaN test
-PHI_LOSS = {"csf": "contrastive_phi_loss", "metra": "metra_phi_loss", "diayn": "discriminator_loss",
-            "visr": "visr_phi_loss"}
+               "visr": ("phi_loss", "psi_loss", "actor_loss", "alpha_loss", "batch_score", "alpha", "score"),
+               "cic": ("cpc_loss", "qf_loss", "actor_loss", "alpha_loss", "knn_reward", "alpha", "dphi_sq"),
+               "dads": ("model_loss", "qf_loss", "actor_loss", "log_likelihood", "reward")}
+# the NaN test poisons each agent's first loss: (where it is, its name, the call from which it is NaN: the first
+# of gradient step 4), and the loss's name in the logs
+POISON = {"csf": (csf, "contrastive_phi_loss", 4, "phi_loss"), "metra": (metra, "metra_phi_loss", 4, "phi_loss"),
+          "diayn": (diayn, "discriminator_loss", 4, "phi_loss"), "visr": (visr, "visr_phi_loss", 4, "phi_loss"),
+          "cic": (cic, "cpc_loss", 4, "cpc_loss"),
+          "dads": (dads.SkillDynamics, "log_likelihoods", 7, "model_loss")}  # twice a step: the loss, the reward
 SF_NETWORKS, Q_NETWORKS = ("phi", "psi1", "psi2", "psi1_target", "psi2_target", "actor"), \
     ("phi", "qf1", "qf2", "qf1_target", "qf2_target", "actor")
-NETWORKS = {"csf": SF_NETWORKS, "metra": Q_NETWORKS, "diayn": Q_NETWORKS, "visr": SF_NETWORKS}
+NETWORKS = {"csf": SF_NETWORKS, "metra": Q_NETWORKS, "diayn": Q_NETWORKS, "visr": SF_NETWORKS, "cic": Q_NETWORKS,
+            "dads": ("model", *Q_NETWORKS[1:])}
+PIXEL_AGENTS = [agent for agent in AGENTS if agent is not dads]  # DADS runs on the state worlds only
 
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)
@@ -93,22 +104,24 @@ def test_resume_between_evaluations_with_resume_alone_continues_exactly(agent, t
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)
 def test_nan_stops_the_run_and_leaves_a_checkpoint_it_resumes_from(agent, tiny_run, tmp_path, monkeypatch):
-    """A NaN φ loss from gradient step 4 on (the first of epoch 2): one line, and the epoch-2 checkpoint untouched
+    """A NaN first loss from gradient step 4 on (the first of epoch 2): one line, and the epoch-2 checkpoint untouched
     on disk; resumed from it, the run matches the uninterrupted one (checkpoint periods change no number)."""
-    real_loss, calls = getattr(agent, PHI_LOSS[name(agent)]), itertools.count(1)
+    owner, attribute, first_bad_call, loss_name = POISON[name(agent)]
+    real_loss, calls = getattr(owner, attribute), itertools.count(1)
 
     def poisoned(*inputs):
-        loss, *rest = real_loss(*inputs)
-        return (loss * math.nan if next(calls) >= 4 else loss), *rest
+        out = real_loss(*inputs)
+        scale = math.nan if next(calls) >= first_bad_call else 1.0
+        return (out[0] * scale, *out[1:]) if isinstance(out, tuple) else out * scale
 
     flags = [*FIVE_EPOCHS, "--checkpoint-every", "1"]
     with checkpoint_copies() as copies, monkeypatch.context() as patch:
-        patch.setattr(agent, PHI_LOSS[name(agent)], poisoned)
+        patch.setattr(owner, attribute, poisoned)
         with pytest.raises(SystemExit) as stop:
             run_agent(agent, tmp_path, *flags)
     message = str(stop.value.code)
     assert "\n" not in message
-    assert message.startswith(f"{name(agent)}.py: error: phi_loss is nan at gradient step 4 (epoch 2)")
+    assert message.startswith(f"{name(agent)}.py: error: {loss_name} is nan at gradient step 4 (epoch 2)")
     (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
     assert sorted(copies) == [1, 2]
     with open(os.path.join(run_dir, "checkpoint.pt"), "rb") as f:
@@ -151,19 +164,20 @@ def test_buffer_stores_the_final_observation_of_every_trajectory(agent, tmp_path
             assert not np.array_equal(frames[2 * epoch + i, HORIZON], frames[2 * epoch + i, 0])
 
 
-@pytest.mark.parametrize("agent", AGENTS, ids=name)
+@pytest.mark.parametrize("agent", PIXEL_AGENTS, ids=name)
 def test_pixel_smoke_run_crosses_an_update_and_an_evaluation(agent, tmp_path):
     # 1 epoch of 1 Quadruped trajectory: evaluation at epoch 0, 2 gradient steps on stacked frames, the last evaluation
     run_dir = run_agent(agent, tmp_path, "--env-id", "Quadruped", "--total-env-steps", "200", "--learning-starts", "200",
                         "--num-envs", "1", "--grad-steps-per-epoch", "2", "--batch-size", "4", "--hidden-dim", "16",
-                        "--buffer-size", "200", "--num-eval-skills", "1", "--no-cuda")
+                        "--buffer-size", "200", "--num-eval-skills", "1", "--no-cuda",
+                        *(["--knn-k", "2"] if agent is cic else []))  # CIC's neighbours come from the batch of 4
     first, last = read_evals(run_dir)
     assert (first["grad_steps"], last["grad_steps"], last["env_steps"]) == (0, 2, 200)
     assert all(math.isfinite(value) for value in last.values()) and set(DIAGNOSTICS[name(agent)]) <= set(last)
     assert 1 <= last["coverage"] <= HORIZON + 1
     ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
     assert ckpt["buffer"]["frames"].shape == (1, 201, 64, 64, 3)  # one uint8 frame per step, stacks rebuilt
-    for network in ("phi", NETWORKS[name(agent)][1], "actor"):  # every network owns its CNN
+    for network in (NETWORKS[name(agent)][0], NETWORKS[name(agent)][1], "actor"):  # every network owns its CNN
         assert any(key.startswith("encoder.") for key in ckpt[network]), network
 
 

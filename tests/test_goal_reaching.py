@@ -11,7 +11,9 @@ import pytest
 import torch
 from conftest import FIVE_EPOCHS, name, run_agent
 
+import cic
 import csf
+import dads
 import diayn
 import envs
 import goal_reaching
@@ -126,3 +128,11 @@ def test_bad_input_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "goal_reaching.py"), "--run", str(tmp_path / "empty_run")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("agent", [cic, dads], ids=name)
+def test_checkpoints_of_agents_without_goal_inference_are_refused(agent, tiny_run):
+    run_dir, _ = tiny_run(agent, *FIVE_EPOCHS)
+    message = refuses(["--run", run_dir])
+    assert message.endswith(f"is a {name(agent)} checkpoint; the paper defines no zero-shot goal inference for "
+                            f"{name(agent)}, only for csf, metra, diayn, visr")

@@ -11,6 +11,7 @@ import torch
 from conftest import FIVE_EPOCHS, load, read_evals, run_agent
 
 import csf
+import dads
 import diayn
 import hierarchical
 import metra
@@ -144,3 +145,17 @@ def test_bad_input_is_one_line(tiny_run, tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "hierarchical.py"), "--checkpoint", child_dir, "--task",
                            "HumanoidGoal"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_ppo_over_a_dads_child_scales_its_actions(tmp_path):
+    (tmp_path / "child").mkdir()
+    child_dir = run_agent(dads, tmp_path / "child", "--env-id", "HalfCheetah", "--total-env-steps", "400",
+                          "--num-envs", "2", "--learning-starts", "400", "--grad-steps-per-epoch", "1",
+                          "--batch-size", "8", "--hidden-dim", "8", "--num-eval-skills", "1", "--no-cuda")
+    assert hierarchical.skill_kind(load(os.path.join(child_dir, "checkpoint.pt"))) == "scaled"  # z = 1.5·a
+    (tmp_path / "high").mkdir()
+    run_dir = run_agent(hierarchical, tmp_path / "high", "--checkpoint", child_dir, "--task", "HalfCheetahGoal",
+                        "--total-env-steps", "400", "--grad-steps-per-epoch", "2", *TINY)
+    first, last = read_evals(run_dir)
+    assert last["grad_steps"] == 2 and math.isfinite(last["policy_loss"])
+    assert load(os.path.join(run_dir, "checkpoint.pt"))["child_agent"] == "dads"

@@ -109,6 +109,10 @@ def test_refused_combinations_are_skipped_with_one_line(tmp_path, capsys):
     assert lines == [f"skipped {a} on Hopper: {a}.py: error: unknown --env-id 'Hopper'; choose one of "
                      + ", ".join(sweep.envs.ENV_SPECS) for a in ("csf", "metra")]
     assert runs[0]["final_env_steps"] == 64_000_000  # the paper's budget, from the agent's own defaults
+    runs = sweep.plan(["dads"], ["HalfCheetah", "Quadruped"], [1], [], str(tmp_path))
+    assert [r["env_id"] for r in runs] == ["HalfCheetah"]
+    assert capsys.readouterr().out.strip() == ("skipped dads on Quadruped: dads.py: error: DADS runs on Ant and "
+                                               "HalfCheetah only, as in the paper, not on Quadruped")
     with pytest.raises(SystemExit):
         sweep.main(["--report", str(tmp_path)])  # not a sweep folder
 

@@ -1,0 +1,733 @@
+"""CIC (Laskin et al., 2022), a baseline of "Can a MISL Fly?" (Zheng et al., ICLR 2025), in one file.
+
+    python cic.py --env-id Ant                       # the paper's settings: z ~ N(0, I_64)
+    python cic.py --env-id Ant --hidden-dim 256      # what a CPU can train in an hour
+    python cic.py --env-id Humanoid                  # 64×64 pixels (wants a GPU)
+
+CIC learns representations of transitions by contrasting them with skills (CPC), and explores with a particle
+estimate of the entropy of those representations (APT): the policy is rewarded for reaching transitions whose φ is
+far from its k nearest neighbours in the batch. Its skills matter only through the CPC representation; the reward
+(with the official cic_alpha = 1) is the kNN entropy term alone.
+
+The epoch is csf.py's (spec §1.1): evaluate every `eval_every` epochs (epoch 0 included), collect `num_envs`
+trajectories with one skill each, then, once `learning_starts` transitions are stored, take
+`grad_steps_per_epoch` gradient steps. Each gradient step, on its own minibatch (spec §1.5, §2.5):
+  1. CPC step on φ, the predictor g and the skill encoder h (one Adam): with q_i = h(z_i)/‖h(z_i)‖ and
+     k_j = g(φ(s_j), φ(s'_j))/‖g(...)‖, L_ij = q_iᵀk_j / T (T = 0.5), minimize
+     -E_i log(exp(L_ii) / (max(Σ_j exp(L_ij) - e^{1/T}, 1e-6) + 1e-6)): the official "negatives" subtract e^{1/T},
+     the largest a diagonal term can be, not the actual positive.
+  2. kNN reward from the φ just updated, without gradient: the distances ‖φ(s_i) - φ(s'_j)‖ over the batch (i = j
+     included), the k = 16 smallest per i, divided by the running variance of all such distances (the running
+     moments object keeps a variance; the official code calls it std), minus 0.0005, clipped at 0, averaged over
+     the k, r = log(1 + mean).
+  3. Q step: Σ_i 0.5 E[(Q_i(s, a, z) - y)²], y = r + γ (1 - done) (min_i Q̄_i(s', a', z) - α log π(a'|s', z)); the
+     last step of every trajectory is terminal (done = 1), as in the official CIC, which ignores --turn_off_dones.
+  4. π step, 5. α step (towards -|A|/2, α from 0.01), 6. Polyak averaging of both target Qs, τ = 5e-3.
+
+Deliberate differences from the official code:
+  - dropped because they never affect learning (spec §5.20, §7): the CPC reward term (weight 1 - cic_alpha = 0),
+    the unused target φ and the std heads of the Gaussian modules (their mean heads are φ, g and h), and the
+    stored rewards / next actions / returns.
+  - --time-limit-terminal False treats the time limit as the other agents do (never terminal); the default keeps
+    the official behaviour behind the paper's numbers (spec §5.1).
+  - additions, not in the official code: the last epoch is always evaluated and checkpointed, every evaluation
+    also reports E‖Δφ‖² over 10k replay transitions, and a --buffer-size that is not a multiple of the horizon is
+    rounded down to whole trajectories (the paper's 1M and 300k are). A checkpoint also holds the loss means since
+    the last evaluation and the running moments, so a run resumed from any epoch reports what the uninterrupted
+    run does.
+  - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
+    22 GB at 300k transitions, same samples); envs.py renders without shadows or multisampling and seeds
+    every env differently (spec §5.18), as for csf.py.
+"""
+
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Optional
+
+import gymnasium as gym
+import matplotlib
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.profiler import record_function
+from torch.utils.tensorboard import SummaryWriter
+
+import envs
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+AGENT = "cic"
+SKILL_DIMS = {"Ant": 64, "HalfCheetah": 64, "Quadruped": 64, "Humanoid": 64, "Kitchen": 64, "Robobin": 64}  # paper Table 4
+NUM_DPHI_SAMPLES = 10_000  # replay transitions behind the E‖Δφ‖² diagnostic
+NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
+
+
+@dataclass
+class Args:
+    env_id: str = "Ant"
+    """the environment: Ant, HalfCheetah (states), Quadruped, Humanoid, Kitchen or Robobin (64×64 pixels)"""
+    skill_dim: Optional[int] = None
+    """dimension d of the skill z ~ N(0, I_d) (unset: the paper's 64 on every env)"""
+    seed: int = 1
+    """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
+    total_env_steps: Optional[int] = None
+    """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states, 4.8M on pixels)"""
+    num_envs: Optional[int] = None
+    """trajectories collected per epoch, one skill each, stepped together (unset: 8, Robobin 10)"""
+    grad_steps_per_epoch: Optional[int] = None
+    """gradient steps after each collection round (unset: 50 on states, 200 on Quadruped and Humanoid, 100 on
+    Kitchen and Robobin)"""
+    learning_starts: int = 10_000
+    """transitions stored before the first gradient step"""
+    batch_size: int = 256
+    """transitions per minibatch, sampled uniformly with replacement"""
+    buffer_size: Optional[int] = None
+    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels, Kitchen 100k)"""
+    hidden_dim: int = 1024
+    """width of the two hidden layers of φ, g, h, Q and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
+    eval_every: Optional[int] = None
+    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, Quadruped and Humanoid 125, Kitchen 250, Robobin
+    500); the last epoch is always evaluated"""
+    checkpoint_every: Optional[int] = None
+    """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
+    resume: Optional[str] = None
+    """path of a checkpoint.pt to continue from; the run keeps its directory, seed and RNG streams"""
+    cuda: bool = True
+    """use the GPU when torch sees one"""
+    track: bool = False
+    """also log to Weights & Biases (WANDB_MODE=offline works)"""
+    wandb_project_name: str = "cleanmisl"
+    """W&B project, with --track"""
+    wandb_entity: Optional[str] = None
+    """W&B team, with --track"""
+    capture_video: bool = False
+    """at each evaluation, write an MP4 of the first few evaluation skills side by side"""
+    num_eval_skills: int = 48
+    """deterministic evaluation rollouts per evaluation, fresh skills from the prior (the paper's 48)"""
+    temperature: float = 0.5
+    """T of the CPC logits q_iᵀk_j / T"""
+    knn_k: int = 16
+    """neighbours of the APT particle reward"""
+    time_limit_terminal: bool = True
+    """treat the last step of every trajectory as terminal in the Q target, as the official CIC does (the others
+    never do)"""
+    gamma: float = 0.99
+    """discount of the SAC critic"""
+    tau: float = 0.005
+    """Polyak step of the target Q networks, after every gradient step"""
+    lr: float = 1e-4
+    """Adam learning rate of φ, g and h (one optimizer), Q, π and log α"""
+    alpha_init: float = 0.01
+    """initial entropy temperature α (tuned automatically towards entropy -|A|/2; fixed at it on Kitchen)"""
+    compile: bool = False
+    """torch.compile the three losses (forward and backward) and fuse each Adam step (same numbers as eager up to
+    float rounding)"""
+
+
+# Every numeric flag and the values that mean something ("[" closed end, "(" open end); NaN is never inside.
+FLAG_RANGES = {
+    "skill_dim": "[1, inf)", "seed": "[0, 2147483647]", "total_env_steps": "[1, inf)", "num_envs": "[1, inf)",
+    "grad_steps_per_epoch": "[0, inf)", "learning_starts": "[0, inf)", "batch_size": "[1, inf)",
+    "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)", "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)",
+    "num_eval_skills": "[1, inf)", "temperature": "(0, inf)", "knn_k": "[1, inf)", "gamma": "[0, 1)",
+    "tau": "(0, 1]", "lr": "(0, inf)", "alpha_init": "(0, inf)",
+}
+# What --resume may change: neither the learning problem nor the random streams depend on these.
+RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "track",
+                     "wandb_project_name", "wandb_entity", "capture_video", "compile")
+
+
+def error(message):
+    """End the run with one line on stderr, no traceback."""
+    sys.exit(f"cic.py: error: {message}")
+
+
+def in_range(value, interval):
+    """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
+    low, high = (float(end) for end in interval[1:-1].split(","))
+    above = low <= value if interval[0] == "[" else low < value
+    below = value <= high if interval[-1] == "]" else value < high
+    return above and below  # both False for NaN
+
+
+def parse_args(argv=None):
+    """The command line, every unset flag given the paper's value for the env, every value checked (one line on
+    failure). With --resume, the flags the run was started with; a flag given beside it may change only what
+    RESUME_MAY_CHANGE names. Returns the args and the checkpoint (None for a new run)."""
+    args, ckpt = tyro.cli(Args, args=argv), None
+    if args.resume:
+        ckpt = load_checkpoint(args.resume)
+        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
+        for flag, trained in ckpt["args"].items():
+            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
+                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
+    if args.env_id not in envs.ENV_SPECS:
+        error(f"unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
+    spec = envs.ENV_SPECS[args.env_id]
+    for flag, paper_value in (("skill_dim", SKILL_DIMS[args.env_id]), ("total_env_steps", spec.total_env_steps),
+                              ("num_envs", spec.num_envs), ("grad_steps_per_epoch", spec.grad_steps_per_epoch),
+                              ("buffer_size", spec.buffer_size), ("eval_every", spec.eval_every)):
+        if getattr(args, flag) is None:
+            setattr(args, flag, paper_value)
+    if args.checkpoint_every is None:
+        args.checkpoint_every = args.eval_every
+    for flag, interval in FLAG_RANGES.items():
+        if not in_range(getattr(args, flag), interval):
+            error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
+    if args.knn_k > args.batch_size:
+        error(f"--knn-k must be at most --batch-size (the neighbours come from the batch), got {args.knn_k} > "
+              f"{args.batch_size}")
+    steps_per_epoch = args.num_envs * spec.horizon
+    if args.buffer_size < steps_per_epoch:
+        error(f"--buffer-size must hold one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} transitions), "
+              f"got {args.buffer_size}")
+    if args.total_env_steps < steps_per_epoch:
+        error(f"--total-env-steps must cover one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} env steps), "
+              f"got {args.total_env_steps}")
+    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps,
+                                                                args.buffer_size // spec.horizon * spec.horizon):
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
+              f"got {args.learning_starts}")
+    if ckpt and args.total_env_steps // steps_per_epoch <= ckpt["epoch"]:
+        error(f"{args.resume} has already trained for {ckpt['epoch'] * steps_per_epoch} env steps; "
+              f"give a larger --total-env-steps to continue it")
+    return args, ckpt
+
+
+def sample_skills(n, skill_dim, generator=None):
+    """z ~ N(0, I_d), not normalized (spec §1.2)."""
+    return torch.randn(n, skill_dim, generator=generator)
+
+
+# ---------------------------------------------------------------- losses (spec §1.7, §2.5)
+def cpc_loss(query, key, temperature):
+    """L = -E_i log(exp(L_ii) / (max(Σ_j exp(L_ij) - e^{1/T}, 1e-6) + 1e-6)), L_ij = q_iᵀk_j / T   (spec §2.5)
+
+    query: (B, d) = h(z), key: (B, d) = g(φ(s), φ(s')), both normalized here. The official negatives subtract
+    e^{1/T}, the largest possible diagonal term, rather than the actual positive exp(L_ii).
+    """
+    logits = F.normalize(query, dim=-1) @ F.normalize(key, dim=-1).T / temperature
+    positive = logits.diagonal().exp()
+    negative = (logits.exp().sum(-1) - math.exp(1 / temperature)).clamp(min=1e-6)
+    return -torch.log(positive / (negative + 1e-6)).mean()
+
+
+class RunningMoments:
+    """The running mean and variance of every value seen (URLB's RMS: starts at mean 0, variance 1, count 1e-4).
+    `update(x)` folds in a batch (its variance with Bessel's correction, as torch.var) and returns the variance,
+    which the official APT reward divides by although it calls it std."""
+
+    def __init__(self):
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+
+    def update(self, x):
+        n, delta = x.numel(), x.mean().item() - self.mean
+        total = self.count + n
+        self.mean += delta * n / total
+        self.var = (self.var * self.count + x.var().item() * n + delta**2 * self.count * n / total) / total
+        self.count = total
+        return self.var
+
+    def state_dict(self):
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state):
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+
+
+def knn_reward(source, target, k, moments):
+    """APT's particle reward (spec §2.5): the k smallest ‖source_i - target_j‖ per i over the batch (i = j
+    included), divided by the running variance of all of them, minus 0.0005, clipped at 0, averaged over the k,
+    then r_i = log(1 + mean)."""
+    distances = torch.cdist(source, target).topk(k, dim=-1, largest=False).values  # (B, k)
+    scaled = (distances / moments.update(distances) - 0.0005).clamp(min=0)
+    return torch.log(1 + scaled.mean(-1))
+
+
+def critic_target(reward, done, next_q1, next_q2, next_log_prob, alpha, gamma):
+    """y = r + γ (1 - done) (min_i Q̄_i(s', a', z) - α log π(a'|s', z)) (spec §1.7, §5.1)."""
+    return reward + gamma * (1 - done) * (torch.min(next_q1, next_q2) - alpha * next_log_prob)
+
+
+def critic_loss(q1, q2, target):
+    """Σ_i 0.5 E[(Q_i - y)²]: the twin Qs, one optimizer (spec §1.5, §1.7)."""
+    return 0.5 * F.mse_loss(q1, target) + 0.5 * F.mse_loss(q2, target)
+
+
+def actor_loss(log_prob, q1, q2, alpha):
+    """L(π) = E[α log π(a|s, z) - min_i Q_i(s, a, z)], a ~ π(·|s, z)."""
+    return (alpha * log_prob - torch.min(q1, q2)).mean()
+
+
+def temperature_loss(log_alpha, log_prob, target_entropy):
+    """L(α) = -E[log α (log π(a|s, z) + H̄)]: α grows while the entropy -log π is below H̄ = -|A|/2 (spec §1.7)."""
+    return -(log_alpha * (log_prob + target_entropy)).mean()
+
+
+# ---------------------------------------------------------------- networks (spec §1.8)
+def mlp(in_dim, hidden_dim, out_dim, activation, init):
+    """Linear → act → Linear → act → Linear, zero biases."""
+    net = nn.Sequential(nn.Linear(in_dim, hidden_dim), activation(), nn.Linear(hidden_dim, hidden_dim),
+                        activation(), nn.Linear(hidden_dim, out_dim))
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            init(layer.weight)
+            nn.init.zeros_(layer.bias)
+    return net
+
+
+class Phi(nn.Module):
+    """φ(s) ∈ R^d, the state representation (ReLU MLP, Xavier-uniform; the official code's "trajectory encoder")."""
+
+    def __init__(self, observation_space, skill_dim, hidden_dim):
+        super().__init__()
+        self.encoder, features = envs.make_encoder(observation_space)  # every network owns its encoder (spec §1.9)
+        self.net = mlp(features, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_)
+
+    def forward(self, obs):
+        return self.net(self.encoder(obs))
+
+
+def skill_encoder(skill_dim, hidden_dim):
+    """h(z) ∈ R^d, every linear layer spectrally normalized (spec §1.8)."""
+    net = mlp(skill_dim, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_)
+    for i, layer in enumerate(net):
+        if isinstance(layer, nn.Linear):
+            net[i] = nn.utils.parametrizations.spectral_norm(layer)
+    return net
+
+
+class QNetwork(nn.Module):
+    """Q(s, a, z) ∈ R: ReLU MLP on features(s) ⊕ z ⊕ a, Xavier-normal weights."""
+
+    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
+        super().__init__()
+        self.encoder, features = envs.make_encoder(observation_space)
+        self.net = mlp(features + skill_dim + action_dim, hidden_dim, 1, nn.ReLU, nn.init.xavier_normal_)
+
+    def forward(self, obs, skill, action):
+        return self.net(torch.cat([self.encoder(obs), skill, action], -1)).squeeze(-1)
+
+
+class Actor(nn.Module):
+    """π(a | s, z): tanh-squashed Gaussian on a tanh trunk, output layers initialised 10x smaller."""
+
+    LOG_STD_MIN, LOG_STD_MAX = math.log(1e-6), 2.0
+
+    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
+        super().__init__()
+        self.encoder, features = envs.make_encoder(observation_space)
+        self.trunk = mlp(features + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
+        self.mean = nn.Linear(hidden_dim, action_dim)
+        self.log_std = nn.Linear(hidden_dim, action_dim)
+        for head in (self.mean, self.log_std):
+            nn.init.xavier_normal_(head.weight)
+            head.weight.data.mul_(0.1)
+            nn.init.zeros_(head.bias)
+
+    def forward(self, obs, skill):
+        h = self.trunk(torch.cat([self.encoder(obs), skill], -1))
+        return self.mean(h), self.log_std(h).clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
+
+    def sample(self, obs, skill):
+        """A reparameterized action and its log-probability, with the tanh correction."""
+        mean, log_std = self(obs, skill)
+        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaNs are caught per epoch
+        u = normal.rsample()
+        action = torch.tanh(u)
+        log_prob = normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
+        return action, log_prob
+
+    def mode(self, obs, skill):
+        return torch.tanh(self(obs, skill)[0])
+
+
+# ---------------------------------------------------------------- replay buffer (spec §1.4)
+class ReplayBuffer:
+    """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement.
+
+    Observations are stored once per time step (s'_t is s_{t+1}), and of a stacked pixel observation only its
+    newest frame, as uint8: the stack is rebuilt by index, oldest frame first, the first frame repeated at
+    the start of a trajectory, as the env built it. A 300k-transition pixel buffer then takes 3.7 GB instead
+    of the official 22 GB (obs and next_obs, all 3 frames each). The capacity is rounded down to whole
+    trajectories.
+    """
+
+    def __init__(self, capacity, horizon, observation_space, frame_stack, action_dim, skill_dim, rng):
+        frame_shape = observation_space.shape[:-1] + (observation_space.shape[-1] // frame_stack,)
+        num_trajectories = capacity // horizon
+        self.frames = np.zeros((num_trajectories, horizon + 1, *frame_shape), observation_space.dtype)
+        self.actions = np.zeros((num_trajectories, horizon, action_dim), np.float32)
+        self.skills = np.zeros((num_trajectories, skill_dim), np.float32)
+        self.horizon, self.frame_stack, self.rng = horizon, frame_stack, rng
+        self.pos, self.num_stored = 0, 0  # in trajectories
+
+    @property
+    def size(self):  # stored transitions
+        return self.num_stored * self.horizon
+
+    def add(self, observations, actions, skills):
+        """observations: (n, horizon + 1, *obs_shape) with the final one; actions: (n, horizon, |A|); skills: (n, d)."""
+        n, capacity = len(observations), len(self.frames)
+        idx = (self.pos + np.arange(n)) % capacity
+        self.frames[idx] = observations[..., -self.frames.shape[-1]:]  # the newest frame of each stack
+        self.actions[idx], self.skills[idx] = actions, skills
+        self.pos, self.num_stored = (self.pos + n) % capacity, min(self.num_stored + n, capacity)
+
+    def observation(self, trajectory, t):
+        """The observation at step t of each trajectory: frames t-k+1..t (clipped at 0) along the last axis."""
+        steps = np.maximum(t[:, None] + np.arange(1 - self.frame_stack, 1), 0)  # (B, k), oldest first
+        frames = self.frames[trajectory[:, None], steps]  # (B, k, *frame_shape)
+        return np.moveaxis(frames, 1, -2).reshape(*frames.shape[:1], *frames.shape[2:-1], -1)
+
+    def sample(self, batch_size, device, rng=None):
+        i = (rng or self.rng).integers(0, self.size, batch_size)  # uniform over transitions
+        trajectory, t = i // self.horizon, i % self.horizon
+        batch = {"obs": self.observation(trajectory, t), "action": self.actions[trajectory, t],
+                 "next_obs": self.observation(trajectory, t + 1), "skill": self.skills[trajectory],
+                 "last": (t == self.horizon - 1).astype(np.float32)}  # the trajectory's last step
+        return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+
+    def state_dict(self):
+        n = self.num_stored
+        return {"pos": self.pos, "num_stored": n, "frames": self.frames[:n].copy(), "actions": self.actions[:n].copy(),
+                "skills": self.skills[:n].copy()}
+
+    def load_state_dict(self, state):
+        self.pos, self.num_stored = state["pos"], state["num_stored"]
+        n = self.num_stored
+        self.frames[:n], self.actions[:n], self.skills[:n] = state["frames"], state["actions"], state["skills"]
+
+
+# ---------------------------------------------------------------- evaluation (spec §4.1-4.2)
+def skill_colors(skills):
+    """One colour per skill, by the angle of (z_0, z_1)."""
+    return plt.cm.hsv((np.arctan2(skills[:, 1], skills[:, 0]) + np.pi) / (2 * np.pi))
+
+
+def plot_skills(coordinates, colors, path, title):
+    """The evaluation trajectories, one colour per skill."""
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for xy, color in zip(coordinates, colors):
+        if xy.shape[-1] == 2:
+            ax.plot(xy[:, 0], xy[:, 1], color=color, lw=1)
+        else:  # x only: position against time
+            ax.plot(xy[:, 0], np.arange(len(xy)), color=color, lw=1)
+    ax.set_xlabel("x")
+    ax.set_ylabel("y" if coordinates.shape[-1] == 2 else "env step")
+    ax.set_title(title)
+    ax.set_aspect("equal" if coordinates.shape[-1] == 2 else "auto")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(args, ckpt=None):
+    spec = envs.ENV_SPECS[args.env_id]
+    run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    steps_per_epoch = args.num_envs * spec.horizon
+    num_epochs = args.total_env_steps // steps_per_epoch
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+
+    # ------------------------------------------------------------ seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)  # replay sampling
+    eval_rng = np.random.default_rng(args.seed + 1)  # evaluation has its own streams, so it never changes training
+    eval_generator = torch.Generator().manual_seed(args.seed + 1)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    # ------------------------------------------------------------ envs
+    # Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
+    # env never resets on its own, so the observation after the last step is the final one (never a reset one).
+    num_video_skills = min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
+    try:
+        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)],
+                                              autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        eval_envs = gym.vector.SyncVectorEnv([
+            lambda i=i: envs.make_env(args.env_id, "rgb_array" if i < num_video_skills else None)
+            for i in range(args.num_eval_skills)], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        if args.capture_video:
+            eval_envs.envs[0].render()  # fail now, not at the first evaluation
+    except envs.RenderUnavailable as e:
+        error(e)
+    train_envs.reset(seed=args.seed)
+    eval_envs.reset(seed=args.seed + 10_000)
+    observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
+    action_dim = train_envs.single_action_space.shape[0]
+    d = args.skill_dim
+
+    # ------------------------------------------------------------ networks and optimizers
+    phi = Phi(observation_space, d, args.hidden_dim).to(device)
+    predictor = mlp(2 * d, args.hidden_dim, d, nn.ReLU, nn.init.xavier_uniform_).to(device)  # g(φ(s), φ(s'))
+    skill_net = skill_encoder(d, args.hidden_dim).to(device)  # h(z)
+    qf1, qf2 = (QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
+    qf1_target, qf2_target = (QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
+    qf1_target.load_state_dict(qf1.state_dict())
+    qf2_target.load_state_dict(qf2.state_dict())
+    actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
+    log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
+    target_entropy = -action_dim / 2  # the official code halves the usual -|A| (spec §1.7)
+    adam = {"lr": args.lr, "fused": args.compile}  # fused: one kernel per optimizer step, equal up to rounding
+    phi_optimizer = torch.optim.Adam([*phi.parameters(), *predictor.parameters(), *skill_net.parameters()], **adam)
+    qf_params, qf_target_params = [*qf1.parameters(), *qf2.parameters()], [*qf1_target.parameters(),
+                                                                          *qf2_target.parameters()]
+    qf_optimizer = torch.optim.Adam(qf_params, **adam)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
+    alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
+    rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng)
+    moments = RunningMoments()  # of the kNN distances
+    modules = {"phi": phi, "predictor": predictor, "skill_net": skill_net, "moments": moments, "qf1": qf1, "qf2": qf2, "qf1_target": qf1_target, "qf2_target": qf2_target,
+               "actor": actor, "phi_optimizer": phi_optimizer, "qf_optimizer": qf_optimizer,
+               "actor_optimizer": actor_optimizer, "alpha_optimizer": alpha_optimizer}
+
+    def new_window():  # what happened since the last evaluation: the means and speeds the next one reports
+        return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
+
+    start_epoch, grad_steps, wall_time, since_eval = 0, 0, 0.0, new_window()
+    if ckpt:
+        for name, module in modules.items():
+            module.load_state_dict(ckpt[name])
+        with torch.no_grad():
+            log_alpha.copy_(ckpt["log_alpha"])
+        rb.load_state_dict(ckpt["buffer"])
+        start_epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
+        torch.set_rng_state(ckpt["torch_rng"])
+        if device.type == "cuda" and ckpt["cuda_rng"] is not None:
+            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+        eval_generator.set_state(ckpt["eval_torch_rng"])
+        rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
+        for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
+            env.unwrapped.np_random.bit_generator.state = state
+        window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
+        since_eval = {**window, "stats": [s.to(device) for s in window["stats"]], "start": time.time() - window["start"]}
+        print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
+
+    def save_checkpoint(epoch):
+        state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
+                 "wall_time": wall_time + time.time() - segment_start, "log_alpha": log_alpha.detach().cpu(),
+                 "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+                 "numpy_rng": rng.bit_generator.state,
+                 "eval_numpy_rng": eval_rng.bit_generator.state, "eval_torch_rng": eval_generator.get_state(),
+                 "env_rngs": [e.unwrapped.np_random.bit_generator.state for e in train_envs.envs + eval_envs.envs],
+                 "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
+                 **{name: module.state_dict() for name, module in modules.items()}}
+        path = os.path.join(run_dir, "checkpoint.pt")
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+
+    @torch.no_grad()
+    @record_function("evaluation")
+    def evaluate(epoch, epoch_stats):
+        """Deterministic rollouts with fresh skills → coverage, skill plot, E‖Δφ‖², one line of eval.jsonl."""
+        skills = sample_skills(args.num_eval_skills, d, eval_generator)
+        coordinates, frames = [], []
+
+        def record(info):  # the state after reset and after every step
+            coordinates.append(info["coordinates"])
+            if num_video_skills:
+                frames.append(np.concatenate([eval_envs.envs[i].render() for i in range(num_video_skills)], 1))
+
+        obs, info = eval_envs.reset()
+        record(info)
+        for _ in range(spec.horizon):
+            action = actor.mode(torch.as_tensor(obs, device=device), skills.to(device))
+            obs, _, _, _, info = eval_envs.step(action.cpu().numpy())
+            record(info)
+        coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
+        env_steps = epoch * steps_per_epoch
+        result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
+                  "wall_time": round(wall_time + time.time() - segment_start, 2),
+                  "coverage": envs.coverage(coordinates, args.env_id)}
+        if rb.size > 0:  # E‖φ(s') - φ(s)‖² over replay transitions, in chunks that fit in memory with pixels
+            n = min(NUM_DPHI_SAMPLES, rb.size)
+            batches = [rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000)]
+            result["dphi_sq"] = torch.cat([(phi(b["next_obs"]) - phi(b["obs"])).pow(2).sum(-1)
+                                           for b in batches]).mean().item()
+        result.update(epoch_stats)  # training means since the last evaluation
+        result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        plot_skills(coordinates, skill_colors(skills.numpy()), os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
+                    f"CIC {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}")
+        if frames:
+            import imageio
+
+            os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
+            imageio.mimsave(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"), frames, fps=20)
+        for key in ("coverage", "dphi_sq"):
+            if key in result:
+                writer.add_scalar(f"eval/{key}", result[key], env_steps)
+        with open(os.path.join(run_dir, "eval.jsonl"), "a") as f:
+            f.write(json.dumps(result) + "\n")
+        shown = ("dphi_sq", *epoch_stats)
+        print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | "
+              + " | ".join(f"{k} {result[k]:.4g}" for k in shown if k in result))
+
+    # ------------------------------------------------------------ one gradient step (spec §1.5, §2.5)
+    # Each loss is a function of the batch alone, so that --compile can compile it (forward and backward);
+    # the optimizer steps between them stay eager.
+    def cpc_objective(obs, next_obs, skill):
+        """The CPC loss of h(z) against g(φ(s), φ(s'))."""
+        return cpc_loss(skill_net(skill), predictor(torch.cat([phi(obs), phi(next_obs)], -1)), args.temperature)
+
+    def qf_objective(obs, action, next_obs, skill, reward, done, alpha):
+        """The Q step's loss."""
+        with torch.no_grad():
+            next_action, next_log_prob = actor.sample(next_obs, skill)
+            target = critic_target(reward, done, qf1_target(next_obs, skill, next_action),
+                                   qf2_target(next_obs, skill, next_action), next_log_prob, alpha, args.gamma)
+        return critic_loss(qf1(obs, skill, action), qf2(obs, skill, action), target)
+
+    def actor_objective(obs, skill, alpha):
+        """The π step's loss, and log π(a|s, z) of its actions for the α step."""
+        new_action, log_prob = actor.sample(obs, skill)
+        return actor_loss(log_prob, qf1(obs, skill, new_action), qf2(obs, skill, new_action), alpha), log_prob
+
+    if args.compile:
+        torch._inductor.config.fallback_random = True  # eager's random draws, so only the float rounding differs
+        cpc_objective, qf_objective, actor_objective = map(torch.compile, (cpc_objective, qf_objective,
+                                                                          actor_objective))
+
+    def update(batch):
+        obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
+        done = batch["last"] if args.time_limit_terminal else torch.zeros_like(batch["last"])
+        alpha = log_alpha.exp().detach()
+        with record_function("phi step"):  # CPC on φ, g and h
+            phi_loss = cpc_objective(obs, next_obs, skill)
+            phi_optimizer.zero_grad()
+            phi_loss.backward()
+            phi_optimizer.step()
+            with torch.no_grad():  # the kNN reward of the φ just updated
+                reward = knn_reward(phi(obs), phi(next_obs), args.knn_k, moments)
+        with record_function("qf step"):
+            qf_loss = qf_objective(obs, action, next_obs, skill, reward, done, alpha)
+            qf_optimizer.zero_grad()
+            qf_loss.backward()
+            qf_optimizer.step()
+        with record_function("actor step"):  # the gradient flows through Q to the action, none into Q's weights
+            qf1.requires_grad_(False), qf2.requires_grad_(False)
+            pi_loss, log_prob = actor_objective(obs, skill, alpha)
+            actor_optimizer.zero_grad()
+            pi_loss.backward()
+            actor_optimizer.step()
+            qf1.requires_grad_(True), qf2.requires_grad_(True)
+        with record_function("alpha step"):  # then the target Qs: Q̄ ← (1 - τ) Q̄ + τ Q, every tensor in one call
+            alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
+            alpha_optimizer.zero_grad()
+            alpha_loss.backward()
+            alpha_optimizer.step()
+            with torch.no_grad():
+                torch._foreach_lerp_(qf_target_params, qf_params, args.tau)
+        return torch.stack([phi_loss, qf_loss, pi_loss, alpha_loss, reward.mean(), alpha]).detach()
+
+    stat_names = ("cpc_loss", "qf_loss", "actor_loss", "alpha_loss", "knn_reward", "alpha")
+    loss_columns = [i for i, name in enumerate(stat_names) if name.endswith("loss")]
+
+    # ------------------------------------------------------------ main loop
+    segment_start = time.time()
+    for epoch in range(start_epoch, num_epochs + 1):
+        # evaluate and checkpoint at the start of the epoch: what the previous `epoch` epochs produced
+        if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
+            stats = dict(zip(stat_names, torch.stack(since_eval["stats"]).mean(0).tolist())) if since_eval["stats"] else {}
+            elapsed = time.time() - since_eval["start"]
+            if since_eval["env_steps"]:
+                stats["sps"] = since_eval["env_steps"] / elapsed
+            if since_eval["grad_steps"]:
+                stats["ms_per_grad_step"] = 1000 * since_eval["train_time"] / since_eval["grad_steps"]
+            evaluate(epoch, stats)
+            since_eval = new_window()
+        if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
+            save_checkpoint(epoch)
+        if epoch == num_epochs:
+            break
+
+        # collect one trajectory per env, one skill each, with the stochastic policy
+        skills = sample_skills(args.num_envs, d).to(device)
+        obs, _ = train_envs.reset()
+        observations, actions = [obs], []
+        with torch.no_grad(), record_function("collection"):
+            for t in range(spec.horizon):
+                action = actor.sample(torch.as_tensor(obs, device=device), skills)[0].cpu().numpy()
+                obs, _, terminated, truncated, _ = train_envs.step(action)
+                # never terminal, cut by the time limit exactly at the horizon: the buffer's trajectory layout
+                assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)
+                observations.append(obs)  # after the last step, the final observation; reset() starts the next epoch
+                actions.append(action)
+        rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
+        since_eval["env_steps"] += steps_per_epoch
+        env_steps = (epoch + 1) * steps_per_epoch
+
+        # train
+        if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
+            train_start = time.time()
+            losses = []
+            for _ in range(args.grad_steps_per_epoch):
+                with record_function("sampling"):
+                    batch = rb.sample(args.batch_size, device)
+                losses.append(update(batch))
+            losses = torch.stack(losses)
+            bad = ~torch.isfinite(losses[:, loss_columns])
+            if bad.any():
+                step, which = bad.nonzero()[0].tolist()
+                name = stat_names[loss_columns[which]]
+                error(f"{name} is {losses[step, loss_columns[which]].item()} at gradient step {grad_steps + step + 1} "
+                      f"(epoch {epoch}); the last good checkpoint is in {run_dir}")
+            grad_steps += args.grad_steps_per_epoch
+            since_eval["train_time"] += time.time() - train_start
+            since_eval["grad_steps"] += args.grad_steps_per_epoch
+            since_eval["stats"].append(losses.mean(0))
+            for name, value in zip(stat_names, losses.mean(0).tolist()):
+                writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
+        sps = int((epoch + 1 - start_epoch) * steps_per_epoch / (time.time() - segment_start))
+        writer.add_scalar("charts/SPS", sps, env_steps)
+        writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
+        if (epoch + 1) % 10 == 0:
+            last = dict(zip(stat_names, since_eval["stats"][-1].tolist())) if since_eval["stats"] else {}
+            print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | "
+                  + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
+
+    train_envs.close()
+    eval_envs.close()
+    writer.close()
+    if args.track:
+        wandb.finish()
+    print(f"done: {run_dir}")
+
+
+def load_checkpoint(path):
+    """The checkpoint at `path`, if it is one of this agent's; one line on failure."""
+    if not os.path.isfile(path):
+        error(f"no checkpoint file at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        error(f"{path} is not a readable checkpoint ({type(e).__name__})")
+    if not isinstance(ckpt, dict) or "agent" not in ckpt:
+        error(f"{path} is not a cleanmisl checkpoint")
+    if ckpt["agent"] != AGENT:
+        error(f"{path} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
+    if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
+        error(f"{path} was written by another version of {AGENT}.py")
+    return ckpt
+
+
+if __name__ == "__main__":
+    main(*parse_args())

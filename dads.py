@@ -1,0 +1,670 @@
+"""DADS (Sharma et al., ICLR 2020), a baseline of "Can a MISL Fly?" (Zheng et al., ICLR 2025), in one file.
+
+    python dads.py --env-id Ant                       # the paper's settings: z ~ U[-1, 1]^3, L = 100 alternatives
+    python dads.py --env-id HalfCheetah --hidden-dim 256
+
+DADS learns a skill-dynamics model q(Δ | s, z) that predicts how a skill changes the state, and rewards the policy
+for transitions that its own skill predicts better than other skills do: r ≈ log q(Δ|s, z) - log E_z' q(Δ|s, z'),
+the forward variational lower bound on I(S'; Z | S) (paper App. B). Ant and HalfCheetah only, as in the paper.
+
+The epoch is csf.py's (spec §1.1): evaluate every `eval_every` epochs (epoch 0 included), collect `num_envs`
+trajectories with one skill each, then, once `learning_starts` transitions are stored, take
+`grad_steps_per_epoch` gradient steps. Each gradient step, on its own minibatch (spec §1.5, §2.6):
+  1. model step: minimize -E[log q(BN_out(s' - s) | BN_in(s) ⊕ z)], q a Gaussian of unit standard deviation whose
+     mean is an MLP; both batch norms in training mode (batch statistics; their running statistics move). BN_in
+     has affine parameters that no optimizer touches (1 and 0 forever); BN_out has none and momentum 0.01.
+  2. rewards from the model just updated, both batch norms in evaluation mode (running statistics), without
+     gradient: with L = 100 alternative skills z_l ~ U[-1, 1]^3 per transition,
+     r = log(L + 1) - log(1 + Σ_l exp(clip(log q(Δ|s, z_l) - log q(Δ|s, z), -50, 50))).
+  3. Q step: Σ_i 0.5 E[(Q_i(s, a, z) - y)²], y = r + γ (min_i Q̄_i(s', a', z) - α log π(a'|s', z)), never terminal.
+  4. π step with α fixed at 0.1 (the official scripts freeze it), 5. Polyak averaging of the target Qs.
+Every learning rate is 3e-4 (the official DADS scripts' common_lr).
+
+The alternatives cost: 100 skills for each of 256 transitions is 25,600 model rows. We compute BN_in(s), the state
+part of the first layer and the target once per transition and only the skill part of the first layer (and the
+layers after it) per alternative: the same numbers as feeding every (s, z_l) row through the model, cheaper.
+
+Deliberate differences from the official code:
+  - time-limit steps are simply never terminal; the official code marks them done and then zeroes every done
+    with --turn_off_dones 1 (spec §1.3, §1.11).
+  - dropped because they never affect learning (spec §7): the frozen α's optimizer and the stored rewards / next
+    actions / returns.
+  - evaluation every 500 epochs on Ant and 1000 on HalfCheetah, as csf.py.
+  - additions, not in the official code: the last epoch is always evaluated and checkpointed, and a --buffer-size
+    that is not a multiple of the horizon is rounded down to whole trajectories (the paper's 1M is). A checkpoint
+    also holds the loss means since the last evaluation, so a run resumed from any epoch reports what the
+    uninterrupted run does.
+"""
+
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Optional
+
+import gymnasium as gym
+import matplotlib
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.profiler import record_function
+from torch.utils.tensorboard import SummaryWriter
+
+import envs
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+AGENT = "dads"
+DADS_ENVS = ("Ant", "HalfCheetah")  # the paper runs DADS on the state worlds only (spec §2.7)
+SKILL_DIM = 3
+NUM_ALTERNATIVES = 100  # L, the other skills of the reward (spec §2.6)
+NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
+
+
+@dataclass
+class Args:
+    env_id: str = "Ant"
+    """the environment: Ant or HalfCheetah (DADS runs on the state worlds only)"""
+    skill_dim: int = SKILL_DIM
+    """dimension d of the skill z ~ U[-1, 1]^d (the paper's 3)"""
+    seed: int = 1
+    """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
+    total_env_steps: Optional[int] = None
+    """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states, 4.8M on pixels)"""
+    num_envs: Optional[int] = None
+    """trajectories collected per epoch, one skill each, stepped together (unset: 8, Robobin 10)"""
+    grad_steps_per_epoch: Optional[int] = None
+    """gradient steps after each collection round (unset: 50 on states, 200 on Quadruped and Humanoid, 100 on
+    Kitchen and Robobin)"""
+    learning_starts: int = 10_000
+    """transitions stored before the first gradient step"""
+    batch_size: int = 256
+    """transitions per minibatch, sampled uniformly with replacement"""
+    buffer_size: Optional[int] = None
+    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels, Kitchen 100k)"""
+    hidden_dim: int = 1024
+    """width of the two hidden layers of the skill dynamics, Q and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
+    eval_every: Optional[int] = None
+    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000); the last epoch is always evaluated"""
+    checkpoint_every: Optional[int] = None
+    """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
+    resume: Optional[str] = None
+    """path of a checkpoint.pt to continue from; the run keeps its directory, seed and RNG streams"""
+    cuda: bool = True
+    """use the GPU when torch sees one"""
+    track: bool = False
+    """also log to Weights & Biases (WANDB_MODE=offline works)"""
+    wandb_project_name: str = "cleanmisl"
+    """W&B project, with --track"""
+    wandb_entity: Optional[str] = None
+    """W&B team, with --track"""
+    capture_video: bool = False
+    """at each evaluation, write an MP4 of the first few evaluation skills side by side"""
+    num_eval_skills: int = 48
+    """deterministic evaluation rollouts per evaluation, fresh skills from the prior (the paper's 48)"""
+    gamma: float = 0.99
+    """discount of the SAC critic"""
+    tau: float = 0.005
+    """Polyak step of the target Q networks, after every gradient step"""
+    num_alternatives: int = NUM_ALTERNATIVES
+    """L, the alternative skills per transition in the reward"""
+    lr: float = 3e-4
+    """Adam learning rate of the skill dynamics, Q and π (the official DADS scripts' 3e-4)"""
+    alpha: float = 0.1
+    """entropy temperature α, fixed (the official DADS scripts freeze it at 0.1)"""
+    compile: bool = False
+    """torch.compile the three losses (forward and backward) and fuse each Adam step (same numbers as eager up to
+    float rounding)"""
+
+
+# Every numeric flag and the values that mean something ("[" closed end, "(" open end); NaN is never inside.
+FLAG_RANGES = {
+    "skill_dim": "[1, inf)", "seed": "[0, 2147483647]", "total_env_steps": "[1, inf)", "num_envs": "[1, inf)",
+    "grad_steps_per_epoch": "[0, inf)", "learning_starts": "[0, inf)", "batch_size": "[2, inf)",
+    "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)", "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)",
+    "num_eval_skills": "[1, inf)", "gamma": "[0, 1)", "tau": "(0, 1]", "num_alternatives": "[1, inf)",
+    "lr": "(0, inf)", "alpha": "[0, inf)",
+}
+# What --resume may change: neither the learning problem nor the random streams depend on these.
+RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "track",
+                     "wandb_project_name", "wandb_entity", "capture_video", "compile")
+
+
+def error(message):
+    """End the run with one line on stderr, no traceback."""
+    sys.exit(f"dads.py: error: {message}")
+
+
+def in_range(value, interval):
+    """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
+    low, high = (float(end) for end in interval[1:-1].split(","))
+    above = low <= value if interval[0] == "[" else low < value
+    below = value <= high if interval[-1] == "]" else value < high
+    return above and below  # both False for NaN
+
+
+def parse_args(argv=None):
+    """The command line, every unset flag given the paper's value for the env, every value checked (one line on
+    failure). With --resume, the flags the run was started with; a flag given beside it may change only what
+    RESUME_MAY_CHANGE names. Returns the args and the checkpoint (None for a new run)."""
+    args, ckpt = tyro.cli(Args, args=argv), None
+    if args.resume:
+        ckpt = load_checkpoint(args.resume)
+        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
+        for flag, trained in ckpt["args"].items():
+            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
+                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
+    if args.env_id not in envs.ENV_SPECS:
+        error(f"unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
+    if args.env_id not in DADS_ENVS:
+        error(f"DADS runs on {' and '.join(DADS_ENVS)} only, as in the paper, not on {args.env_id}")
+    spec = envs.ENV_SPECS[args.env_id]
+    for flag, paper_value in (("total_env_steps", spec.total_env_steps),
+                              ("num_envs", spec.num_envs), ("grad_steps_per_epoch", spec.grad_steps_per_epoch),
+                              ("buffer_size", spec.buffer_size), ("eval_every", spec.eval_every)):
+        if getattr(args, flag) is None:
+            setattr(args, flag, paper_value)
+    if args.checkpoint_every is None:
+        args.checkpoint_every = args.eval_every
+    for flag, interval in FLAG_RANGES.items():
+        if not in_range(getattr(args, flag), interval):
+            error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
+    steps_per_epoch = args.num_envs * spec.horizon
+    if args.buffer_size < steps_per_epoch:
+        error(f"--buffer-size must hold one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} transitions), "
+              f"got {args.buffer_size}")
+    if args.total_env_steps < steps_per_epoch:
+        error(f"--total-env-steps must cover one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} env steps), "
+              f"got {args.total_env_steps}")
+    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps,
+                                                                args.buffer_size // spec.horizon * spec.horizon):
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
+              f"got {args.learning_starts}")
+    if ckpt and args.total_env_steps // steps_per_epoch <= ckpt["epoch"]:
+        error(f"{args.resume} has already trained for {ckpt['epoch'] * steps_per_epoch} env steps; "
+              f"give a larger --total-env-steps to continue it")
+    return args, ckpt
+
+
+def sample_skills(n, skill_dim, generator=None):
+    """z ~ U[-1, 1]^d (spec §1.2)."""
+    return 2 * torch.rand(n, skill_dim, generator=generator) - 1
+
+
+# ---------------------------------------------------------------- losses (spec §1.7, §2.6)
+def dads_reward(log_likelihoods, clip=50.0):
+    """r = log(L + 1) - log(1 + Σ_l exp(clip(log q(Δ|s, z_l) - log q(Δ|s, z), ±50)))   (spec §2.6)
+
+    log_likelihoods: (B, 1 + L), the transition's own skill first, then the L alternatives.
+    """
+    differences = (log_likelihoods[:, 1:] - log_likelihoods[:, :1]).clamp(-clip, clip)
+    return math.log(log_likelihoods.shape[1]) - torch.log(1 + differences.exp().sum(-1))
+
+
+def critic_target(reward, next_q1, next_q2, next_log_prob, alpha, gamma):
+    """y = r + γ (min_i Q̄_i(s', a', z) - α log π(a'|s', z)), never terminal (spec §1.7)."""
+    return reward + gamma * (torch.min(next_q1, next_q2) - alpha * next_log_prob)
+
+
+def critic_loss(q1, q2, target):
+    """Σ_i 0.5 E[(Q_i - y)²]: the twin Qs, one optimizer (spec §1.5, §1.7)."""
+    return 0.5 * F.mse_loss(q1, target) + 0.5 * F.mse_loss(q2, target)
+
+
+def actor_loss(log_prob, q1, q2, alpha):
+    """L(π) = E[α log π(a|s, z) - min_i Q_i(s, a, z)], a ~ π(·|s, z)."""
+    return (alpha * log_prob - torch.min(q1, q2)).mean()
+
+
+# ---------------------------------------------------------------- networks (spec §1.8)
+def mlp(in_dim, hidden_dim, out_dim, activation, init):
+    """Linear → act → Linear → act → Linear, zero biases."""
+    net = nn.Sequential(nn.Linear(in_dim, hidden_dim), activation(), nn.Linear(hidden_dim, hidden_dim),
+                        activation(), nn.Linear(hidden_dim, out_dim))
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            init(layer.weight)
+            nn.init.zeros_(layer.bias)
+    return net
+
+
+class SkillDynamics(nn.Module):
+    """q(Δ | s, z) = N(μ(BN_in(s) ⊕ z), I), Δ = BN_out(s' - s): the skill-dynamics model (ReLU MLP, Xavier-uniform;
+    one Gaussian of fixed unit standard deviation, spec §2.6). BN_in's affine parameters are not the model's to
+    train (`trained_parameters` leaves them out); BN_out has none, momentum 0.01."""
+
+    def __init__(self, obs_dim, skill_dim, hidden_dim):
+        super().__init__()
+        self.input_norm = nn.BatchNorm1d(obs_dim)
+        self.target_norm = nn.BatchNorm1d(obs_dim, affine=False, momentum=0.01)
+        self.net = mlp(obs_dim + skill_dim, hidden_dim, obs_dim, nn.ReLU, nn.init.xavier_uniform_)
+
+    def trained_parameters(self):
+        return self.net.parameters()
+
+    def log_likelihoods(self, obs, next_obs, skills):
+        """log q(Δ | s, z) of every skill of each transition: skills (B, K, d) → (B, K). The first layer's state
+        part W_s BN_in(s) + b and the target are computed once per transition, its skill part W_z z per skill."""
+        first = self.net[0]
+        state_part = F.linear(self.input_norm(obs), first.weight[:, : obs.shape[-1]], first.bias)  # (B, H)
+        hidden = state_part[:, None] + skills @ first.weight[:, obs.shape[-1]:].T  # (B, K, H)
+        mean = self.net[1:](hidden)  # (B, K, D)
+        target = self.target_norm(next_obs - obs)[:, None]  # (B, 1, D)
+        return torch.distributions.Normal(mean, 1.0, validate_args=False).log_prob(target).sum(-1)
+
+
+class QNetwork(nn.Module):
+    """Q(s, a, z) ∈ R: ReLU MLP on features(s) ⊕ z ⊕ a, Xavier-normal weights."""
+
+    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
+        super().__init__()
+        self.encoder, features = envs.make_encoder(observation_space)
+        self.net = mlp(features + skill_dim + action_dim, hidden_dim, 1, nn.ReLU, nn.init.xavier_normal_)
+
+    def forward(self, obs, skill, action):
+        return self.net(torch.cat([self.encoder(obs), skill, action], -1)).squeeze(-1)
+
+
+class Actor(nn.Module):
+    """π(a | s, z): tanh-squashed Gaussian on a tanh trunk, output layers initialised 10x smaller."""
+
+    LOG_STD_MIN, LOG_STD_MAX = math.log(1e-6), 2.0
+
+    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
+        super().__init__()
+        self.encoder, features = envs.make_encoder(observation_space)
+        self.trunk = mlp(features + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
+        self.mean = nn.Linear(hidden_dim, action_dim)
+        self.log_std = nn.Linear(hidden_dim, action_dim)
+        for head in (self.mean, self.log_std):
+            nn.init.xavier_normal_(head.weight)
+            head.weight.data.mul_(0.1)
+            nn.init.zeros_(head.bias)
+
+    def forward(self, obs, skill):
+        h = self.trunk(torch.cat([self.encoder(obs), skill], -1))
+        return self.mean(h), self.log_std(h).clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
+
+    def sample(self, obs, skill):
+        """A reparameterized action and its log-probability, with the tanh correction."""
+        mean, log_std = self(obs, skill)
+        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaNs are caught per epoch
+        u = normal.rsample()
+        action = torch.tanh(u)
+        log_prob = normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
+        return action, log_prob
+
+    def mode(self, obs, skill):
+        return torch.tanh(self(obs, skill)[0])
+
+
+# ---------------------------------------------------------------- replay buffer (spec §1.4)
+class ReplayBuffer:
+    """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement.
+
+    Observations are stored once per time step (s'_t is s_{t+1}), and of a stacked pixel observation only its
+    newest frame, as uint8: the stack is rebuilt by index, oldest frame first, the first frame repeated at
+    the start of a trajectory, as the env built it. A 300k-transition pixel buffer then takes 3.7 GB instead
+    of the official 22 GB (obs and next_obs, all 3 frames each). The capacity is rounded down to whole
+    trajectories.
+    """
+
+    def __init__(self, capacity, horizon, observation_space, frame_stack, action_dim, skill_dim, rng):
+        frame_shape = observation_space.shape[:-1] + (observation_space.shape[-1] // frame_stack,)
+        num_trajectories = capacity // horizon
+        self.frames = np.zeros((num_trajectories, horizon + 1, *frame_shape), observation_space.dtype)
+        self.actions = np.zeros((num_trajectories, horizon, action_dim), np.float32)
+        self.skills = np.zeros((num_trajectories, skill_dim), np.float32)
+        self.horizon, self.frame_stack, self.rng = horizon, frame_stack, rng
+        self.pos, self.num_stored = 0, 0  # in trajectories
+
+    @property
+    def size(self):  # stored transitions
+        return self.num_stored * self.horizon
+
+    def add(self, observations, actions, skills):
+        """observations: (n, horizon + 1, *obs_shape) with the final one; actions: (n, horizon, |A|); skills: (n, d)."""
+        n, capacity = len(observations), len(self.frames)
+        idx = (self.pos + np.arange(n)) % capacity
+        self.frames[idx] = observations[..., -self.frames.shape[-1]:]  # the newest frame of each stack
+        self.actions[idx], self.skills[idx] = actions, skills
+        self.pos, self.num_stored = (self.pos + n) % capacity, min(self.num_stored + n, capacity)
+
+    def observation(self, trajectory, t):
+        """The observation at step t of each trajectory: frames t-k+1..t (clipped at 0) along the last axis."""
+        steps = np.maximum(t[:, None] + np.arange(1 - self.frame_stack, 1), 0)  # (B, k), oldest first
+        frames = self.frames[trajectory[:, None], steps]  # (B, k, *frame_shape)
+        return np.moveaxis(frames, 1, -2).reshape(*frames.shape[:1], *frames.shape[2:-1], -1)
+
+    def sample(self, batch_size, device, rng=None):
+        i = (rng or self.rng).integers(0, self.size, batch_size)  # uniform over transitions
+        trajectory, t = i // self.horizon, i % self.horizon
+        batch = {"obs": self.observation(trajectory, t), "action": self.actions[trajectory, t],
+                 "next_obs": self.observation(trajectory, t + 1), "skill": self.skills[trajectory]}
+        return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+
+    def state_dict(self):
+        n = self.num_stored
+        return {"pos": self.pos, "num_stored": n, "frames": self.frames[:n].copy(), "actions": self.actions[:n].copy(),
+                "skills": self.skills[:n].copy()}
+
+    def load_state_dict(self, state):
+        self.pos, self.num_stored = state["pos"], state["num_stored"]
+        n = self.num_stored
+        self.frames[:n], self.actions[:n], self.skills[:n] = state["frames"], state["actions"], state["skills"]
+
+
+# ---------------------------------------------------------------- evaluation (spec §4.1-4.2)
+def skill_colors(skills):
+    """One colour per skill, by the angle of (z_0, z_1)."""
+    return plt.cm.hsv((np.arctan2(skills[:, 1], skills[:, 0]) + np.pi) / (2 * np.pi))
+
+
+def plot_skills(coordinates, colors, path, title):
+    """The evaluation trajectories, one colour per skill."""
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for xy, color in zip(coordinates, colors):
+        if xy.shape[-1] == 2:
+            ax.plot(xy[:, 0], xy[:, 1], color=color, lw=1)
+        else:  # x only: position against time
+            ax.plot(xy[:, 0], np.arange(len(xy)), color=color, lw=1)
+    ax.set_xlabel("x")
+    ax.set_ylabel("y" if coordinates.shape[-1] == 2 else "env step")
+    ax.set_title(title)
+    ax.set_aspect("equal" if coordinates.shape[-1] == 2 else "auto")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(args, ckpt=None):
+    spec = envs.ENV_SPECS[args.env_id]
+    run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    steps_per_epoch = args.num_envs * spec.horizon
+    num_epochs = args.total_env_steps // steps_per_epoch
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+
+    # ------------------------------------------------------------ seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)  # replay sampling
+    eval_rng = np.random.default_rng(args.seed + 1)  # evaluation has its own streams, so it never changes training
+    eval_generator = torch.Generator().manual_seed(args.seed + 1)  # the evaluation skills
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    # ------------------------------------------------------------ envs
+    # Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
+    # env never resets on its own, so the observation after the last step is the final one (never a reset one).
+    num_video_skills = min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
+    try:
+        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)],
+                                              autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        eval_envs = gym.vector.SyncVectorEnv([
+            lambda i=i: envs.make_env(args.env_id, "rgb_array" if i < num_video_skills else None)
+            for i in range(args.num_eval_skills)], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        if args.capture_video:
+            eval_envs.envs[0].render()  # fail now, not at the first evaluation
+    except envs.RenderUnavailable as e:
+        error(e)
+    train_envs.reset(seed=args.seed)
+    eval_envs.reset(seed=args.seed + 10_000)
+    observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
+    action_dim = train_envs.single_action_space.shape[0]
+    d = args.skill_dim
+
+    # ------------------------------------------------------------ networks and optimizers
+    model = SkillDynamics(observation_space.shape[0], d, args.hidden_dim).to(device)
+    qf1, qf2 = (QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
+    qf1_target, qf2_target = (QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
+    qf1_target.load_state_dict(qf1.state_dict())
+    qf2_target.load_state_dict(qf2.state_dict())
+    actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
+    adam = {"lr": args.lr, "fused": args.compile}  # fused: one kernel per optimizer step, equal up to rounding
+    model_optimizer = torch.optim.Adam(model.trained_parameters(), **adam)
+    qf_params, qf_target_params = [*qf1.parameters(), *qf2.parameters()], [*qf1_target.parameters(),
+                                                                          *qf2_target.parameters()]
+    qf_optimizer = torch.optim.Adam(qf_params, **adam)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
+    rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng)
+    modules = {"model": model, "qf1": qf1, "qf2": qf2, "qf1_target": qf1_target, "qf2_target": qf2_target,
+               "actor": actor, "model_optimizer": model_optimizer, "qf_optimizer": qf_optimizer,
+               "actor_optimizer": actor_optimizer}
+
+    def new_window():  # what happened since the last evaluation: the means and speeds the next one reports
+        return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
+
+    start_epoch, grad_steps, wall_time, since_eval = 0, 0, 0.0, new_window()
+    if ckpt:
+        for name, module in modules.items():
+            module.load_state_dict(ckpt[name])
+        rb.load_state_dict(ckpt["buffer"])
+        start_epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
+        torch.set_rng_state(ckpt["torch_rng"])
+        if device.type == "cuda" and ckpt["cuda_rng"] is not None:
+            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+        rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
+        eval_generator.set_state(ckpt["eval_torch_rng"])
+        for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
+            env.unwrapped.np_random.bit_generator.state = state
+        window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
+        since_eval = {**window, "stats": [s.to(device) for s in window["stats"]], "start": time.time() - window["start"]}
+        print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
+
+    def save_checkpoint(epoch):
+        state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
+                 "wall_time": wall_time + time.time() - segment_start, "buffer": rb.state_dict(),
+                 "torch_rng": torch.get_rng_state(),
+                 "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+                 "numpy_rng": rng.bit_generator.state, "eval_numpy_rng": eval_rng.bit_generator.state,
+                 "eval_torch_rng": eval_generator.get_state(),
+                 "env_rngs": [e.unwrapped.np_random.bit_generator.state for e in train_envs.envs + eval_envs.envs],
+                 "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
+                 **{name: module.state_dict() for name, module in modules.items()}}
+        path = os.path.join(run_dir, "checkpoint.pt")
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+
+    @torch.no_grad()
+    @record_function("evaluation")
+    def evaluate(epoch, epoch_stats):
+        """Deterministic rollouts with fresh skills → coverage, skill plot, one line of eval.jsonl."""
+        skills = sample_skills(args.num_eval_skills, d, eval_generator)
+        coordinates, frames = [], []
+
+        def record(info):  # the state after reset and after every step
+            coordinates.append(info["coordinates"])
+            if num_video_skills:
+                frames.append(np.concatenate([eval_envs.envs[i].render() for i in range(num_video_skills)], 1))
+
+        obs, info = eval_envs.reset()
+        record(info)
+        for _ in range(spec.horizon):
+            action = actor.mode(torch.as_tensor(obs, device=device), skills.to(device))
+            obs, _, _, _, info = eval_envs.step(action.cpu().numpy())
+            record(info)
+        coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
+        env_steps = epoch * steps_per_epoch
+        result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
+                  "wall_time": round(wall_time + time.time() - segment_start, 2),
+                  "coverage": envs.coverage(coordinates, args.env_id)}
+        result.update(epoch_stats)  # training means since the last evaluation: the model's log-likelihood, reward
+        result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        plot_skills(coordinates, skill_colors(skills.numpy()), os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
+                    f"DADS {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}")
+        if frames:
+            import imageio
+
+            os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
+            imageio.mimsave(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"), frames, fps=20)
+        for key in ("coverage",):
+            if key in result:
+                writer.add_scalar(f"eval/{key}", result[key], env_steps)
+        with open(os.path.join(run_dir, "eval.jsonl"), "a") as f:
+            f.write(json.dumps(result) + "\n")
+        shown = epoch_stats
+        print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | "
+              + " | ".join(f"{k} {result[k]:.4g}" for k in shown if k in result))
+
+    # ------------------------------------------------------------ one gradient step (spec §1.5, §2.6)
+    # Each loss is a function of the batch alone, so that --compile can compile it (forward and backward);
+    # the optimizer steps between them stay eager.
+    def model_objective(obs, next_obs, skill):
+        """The skill-dynamics loss -E[log q(Δ|s, z)], batch norms in training mode."""
+        return -model.log_likelihoods(obs, next_obs, skill[:, None]).mean()
+
+    def qf_objective(obs, action, next_obs, skill, reward):
+        """The Q step's loss."""
+        with torch.no_grad():
+            next_action, next_log_prob = actor.sample(next_obs, skill)
+            target = critic_target(reward, qf1_target(next_obs, skill, next_action),
+                                   qf2_target(next_obs, skill, next_action), next_log_prob, args.alpha, args.gamma)
+        return critic_loss(qf1(obs, skill, action), qf2(obs, skill, action), target)
+
+    def actor_objective(obs, skill):
+        """The π step's loss."""
+        new_action, log_prob = actor.sample(obs, skill)
+        return actor_loss(log_prob, qf1(obs, skill, new_action), qf2(obs, skill, new_action), args.alpha)
+
+    if args.compile:
+        torch._inductor.config.fallback_random = True  # eager's random draws, so only the float rounding differs
+        model_objective, qf_objective, actor_objective = map(torch.compile, (model_objective, qf_objective,
+                                                                            actor_objective))
+
+    def update(batch):
+        obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
+        with record_function("model step"):  # the skill dynamics, then the rewards of the model just updated
+            model_loss = model_objective(obs, next_obs, skill)
+            model_optimizer.zero_grad()
+            model_loss.backward()
+            model_optimizer.step()
+            with torch.no_grad():
+                model.eval()  # running statistics, which the reward leaves as they are
+                alternatives = sample_skills(len(skill) * args.num_alternatives, d).to(device)
+                skills = torch.cat([skill[:, None], alternatives.view(len(skill), args.num_alternatives, d)], 1)
+                reward = dads_reward(model.log_likelihoods(obs, next_obs, skills))
+                model.train()
+        with record_function("qf step"):
+            qf_loss = qf_objective(obs, action, next_obs, skill, reward)
+            qf_optimizer.zero_grad()
+            qf_loss.backward()
+            qf_optimizer.step()
+        with record_function("actor step"):  # the gradient flows through Q to the action, none into Q's weights
+            qf1.requires_grad_(False), qf2.requires_grad_(False)
+            pi_loss = actor_objective(obs, skill)
+            actor_optimizer.zero_grad()
+            pi_loss.backward()
+            actor_optimizer.step()
+            qf1.requires_grad_(True), qf2.requires_grad_(True)
+        with torch.no_grad():  # the target Qs: Q̄ ← (1 - τ) Q̄ + τ Q, every tensor in one call
+            torch._foreach_lerp_(qf_target_params, qf_params, args.tau)
+        return torch.stack([model_loss, qf_loss, pi_loss, -model_loss, reward.mean()]).detach()
+
+    stat_names = ("model_loss", "qf_loss", "actor_loss", "log_likelihood", "reward")
+    loss_columns = [i for i, name in enumerate(stat_names) if name.endswith("loss")]
+
+    # ------------------------------------------------------------ main loop
+    segment_start = time.time()
+    for epoch in range(start_epoch, num_epochs + 1):
+        # evaluate and checkpoint at the start of the epoch: what the previous `epoch` epochs produced
+        if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
+            stats = dict(zip(stat_names, torch.stack(since_eval["stats"]).mean(0).tolist())) if since_eval["stats"] else {}
+            elapsed = time.time() - since_eval["start"]
+            if since_eval["env_steps"]:
+                stats["sps"] = since_eval["env_steps"] / elapsed
+            if since_eval["grad_steps"]:
+                stats["ms_per_grad_step"] = 1000 * since_eval["train_time"] / since_eval["grad_steps"]
+            evaluate(epoch, stats)
+            since_eval = new_window()
+        if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
+            save_checkpoint(epoch)
+        if epoch == num_epochs:
+            break
+
+        # collect one trajectory per env, one skill each, with the stochastic policy
+        skills = sample_skills(args.num_envs, d).to(device)
+        obs, _ = train_envs.reset()
+        observations, actions = [obs], []
+        with torch.no_grad(), record_function("collection"):
+            for t in range(spec.horizon):
+                action = actor.sample(torch.as_tensor(obs, device=device), skills)[0].cpu().numpy()
+                obs, _, terminated, truncated, _ = train_envs.step(action)
+                # never terminal, cut by the time limit exactly at the horizon: the buffer's trajectory layout
+                assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)
+                observations.append(obs)  # after the last step, the final observation; reset() starts the next epoch
+                actions.append(action)
+        rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
+        since_eval["env_steps"] += steps_per_epoch
+        env_steps = (epoch + 1) * steps_per_epoch
+
+        # train
+        if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
+            train_start = time.time()
+            losses = []
+            for _ in range(args.grad_steps_per_epoch):
+                with record_function("sampling"):
+                    batch = rb.sample(args.batch_size, device)
+                losses.append(update(batch))
+            losses = torch.stack(losses)
+            bad = ~torch.isfinite(losses[:, loss_columns])
+            if bad.any():
+                step, which = bad.nonzero()[0].tolist()
+                name = stat_names[loss_columns[which]]
+                error(f"{name} is {losses[step, loss_columns[which]].item()} at gradient step {grad_steps + step + 1} "
+                      f"(epoch {epoch}); the last good checkpoint is in {run_dir}")
+            grad_steps += args.grad_steps_per_epoch
+            since_eval["train_time"] += time.time() - train_start
+            since_eval["grad_steps"] += args.grad_steps_per_epoch
+            since_eval["stats"].append(losses.mean(0))
+            for name, value in zip(stat_names, losses.mean(0).tolist()):
+                writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
+        sps = int((epoch + 1 - start_epoch) * steps_per_epoch / (time.time() - segment_start))
+        writer.add_scalar("charts/SPS", sps, env_steps)
+        writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
+        if (epoch + 1) % 10 == 0:
+            last = dict(zip(stat_names, since_eval["stats"][-1].tolist())) if since_eval["stats"] else {}
+            print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | "
+                  + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
+
+    train_envs.close()
+    eval_envs.close()
+    writer.close()
+    if args.track:
+        wandb.finish()
+    print(f"done: {run_dir}")
+
+
+def load_checkpoint(path):
+    """The checkpoint at `path`, if it is one of this agent's; one line on failure."""
+    if not os.path.isfile(path):
+        error(f"no checkpoint file at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        error(f"{path} is not a readable checkpoint ({type(e).__name__})")
+    if not isinstance(ckpt, dict) or "agent" not in ckpt:
+        error(f"{path} is not a cleanmisl checkpoint")
+    if ckpt["agent"] != AGENT:
+        error(f"{path} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
+    if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
+        error(f"{path} was written by another version of {AGENT}.py")
+    return ckpt
+
+
+if __name__ == "__main__":
+    main(*parse_args())

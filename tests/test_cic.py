@@ -1,0 +1,81 @@
+"""cic.py: the CPC loss, the running moments and the kNN reward on hand batches, the spectral norm of h, and the
+time limit as a terminal step. What every agent shares is in test_agent_runs.py and test_command_line.py."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import cic
+
+
+def test_cpc_loss_subtracts_the_largest_possible_diagonal_term():
+    # unit queries and keys at right angles except on the diagonal: L = I / T with T = 0.5
+    query, key = torch.eye(3), torch.eye(3) * 7.0  # keys are normalized inside
+    t = 0.5
+    positive = math.exp(1 / t)
+    negative = max(math.exp(1 / t) + 2 * math.exp(0) - math.exp(1 / t), 1e-6)  # Σ_j exp(L_ij) - e^{1/T} = 2
+    expected = -math.log(positive / (negative + 1e-6))
+    assert cic.cpc_loss(query, key, t).item() == pytest.approx(expected, rel=1e-6)
+    # when every key equals its query's opposite, the sum minus e^{1/T} goes negative: clamped at 1e-6
+    loss = cic.cpc_loss(torch.tensor([[1.0, 0.0]]), torch.tensor([[-1.0, 0.0]]), t)
+    assert loss.item() == pytest.approx(-math.log(math.exp(-2) / (1e-6 + 1e-6)), rel=1e-6)
+
+
+def test_running_moments_keep_the_variance_of_everything_seen():
+    moments = cic.RunningMoments()
+    first, second = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([10.0, 20.0])
+    moments.update(first)
+    moments.update(second)
+    seen = np.concatenate([first, second])
+    # from the prior (mean 0, variance 1, count 1e-4), each batch's unbiased variance folds in: ≈ the pooled moments
+    assert moments.count == pytest.approx(6 + 1e-4)
+    assert moments.mean == pytest.approx(seen.mean(), rel=1e-4)
+    pooled = (4 * first.var().item() + 2 * second.var().item() + 4 * 2 / 6 * (first.mean() - second.mean()).item() ** 2) / 6
+    assert moments.var == pytest.approx(pooled, rel=1e-3)
+    state = moments.state_dict()
+    clone = cic.RunningMoments()
+    clone.load_state_dict(state)
+    assert clone.state_dict() == state
+
+
+def test_knn_reward_on_a_hand_batch():
+    source = torch.tensor([[0.0], [1.0], [3.0]])
+    target = torch.tensor([[0.0], [1.0], [2.0]])
+    moments = cic.RunningMoments()
+    reward = cic.knn_reward(source, target, 2, moments)
+    # distances source_i → targets: row 0 (0, 1, 2), row 1 (1, 0, 1), row 2 (3, 2, 1); the 2 smallest per row:
+    nearest = torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 2.0]])
+    fresh = cic.RunningMoments()
+    variance = fresh.update(nearest)  # the moments see exactly these 6 distances
+    assert moments.state_dict() == fresh.state_dict()
+    expected = torch.log(1 + ((nearest / variance - 0.0005).clamp(min=0)).mean(-1))
+    assert torch.allclose(reward, expected)
+    assert reward[2] > reward[0]  # the farthest particle earns the most
+
+
+def test_skill_encoder_is_spectrally_normalized():
+    h = cic.skill_encoder(64, 32)
+    layers = [m for m in h.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(layers) == 3 and all(hasattr(m, "parametrizations") for m in layers)
+    h(torch.randn(8, 64))  # power iterations in training mode
+    for layer in layers:
+        assert torch.linalg.matrix_norm(layer.weight, ord=2).item() == pytest.approx(1.0, rel=0.1)
+
+
+def test_the_last_step_of_a_trajectory_is_terminal(tmp_path):
+    from conftest import read_evals, run_agent
+
+    rb = cic.ReplayBuffer(400, 200, cic.envs.make_env("Ant").observation_space, 1, 8, 64, np.random.default_rng(0))
+    steps = np.broadcast_to(np.arange(201, dtype=np.float32)[None, :, None], (2, 201, 29))  # obs = its step index
+    rb.add(steps, np.zeros((2, 200, 8)), np.zeros((2, 64)))
+    batch = rb.sample(2000, "cpu")
+    assert torch.equal(batch["last"] == 1, batch["obs"][:, 0] == 199)  # terminal exactly at the 200th step
+    assert 0 < batch["last"].mean().item() < 0.02
+    assert cic.critic_target(torch.ones(2), torch.tensor([0.0, 1.0]), torch.ones(2), torch.ones(2), torch.zeros(2),
+                             0.1, 0.5).tolist() == [1.5, 1.0]  # bootstrap cut at the terminal step
+    run_dir = run_agent(cic, tmp_path, "--total-env-steps", "800", "--num-envs", "2", "--learning-starts", "400",
+                        "--grad-steps-per-epoch", "2", "--batch-size", "16", "--hidden-dim", "16",
+                        "--num-eval-skills", "2", "--no-time-limit-terminal", "--no-cuda")
+    assert read_evals(run_dir)[-1]["grad_steps"] == 4
