@@ -1,4 +1,4 @@
-"""Speed and memory of the pixel worlds: env steps/s with rendering, replay bytes per transition, and a short
+"""Speed and memory of the pixel worlds (Quadruped, Humanoid, Kitchen, Robobin): env steps/s with rendering, replay bytes per transition, and a short
 csf.py run on Humanoid at the paper's network sizes (ms per gradient step, SPS, peak RSS).
 
     python benchmarks/pixel_speed.py                 # about 5 minutes on 2 CPU cores
@@ -24,6 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import csf  # noqa: E402
 import envs  # noqa: E402
+
+WORLDS = ("Quadruped", "Humanoid", "Kitchen", "Robobin")
 
 
 def env_steps_per_second(env_id, steps):
@@ -52,14 +54,16 @@ def main():
     parser.add_argument("--grad-steps", type=int, default=10, help="gradient steps in the timed csf.py epoch")
     args = parser.parse_args()
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-    rows = ["| what | Quadruped | Humanoid |", "|---|---|---|"]
-    sps = [env_steps_per_second(e, args.env_steps) for e in ("Quadruped", "Humanoid")]
-    rows.append(f"| env steps/s, one env, 64×64 rendering ({envs.GL_BACKEND}) | {sps[0]:.0f} | {sps[1]:.0f} |")
-    sizes = [replay_bytes_per_transition(e) for e in ("Quadruped", "Humanoid")]
-    rows.append(f"| replay bytes / transition (official: obs + next_obs, 3 frames each = 73,728 + tail) | "
-                f"{sizes[0][0]:,.0f} | {sizes[1][0]:,.0f} |")
-    rows.append(f"| replay buffer at 300k transitions (official ≈ 22 GB) | {sizes[0][1] / 1e9:.2f} GB | "
-                f"{sizes[1][1] / 1e9:.2f} GB |")
+    rows = ["| what | " + " | ".join(WORLDS) + " |", "|---|" + "---|" * len(WORLDS)]
+    sps = [env_steps_per_second(e, args.env_steps) for e in WORLDS]
+    rows.append(f"| env steps/s, one env, 64×64 rendering ({envs.GL_BACKEND}) | " + " | ".join(f"{v:.0f}" for v in sps)
+                + " |")
+    sizes = [replay_bytes_per_transition(e) for e in WORLDS]
+    rows.append("| replay bytes / transition (official: obs + next_obs, 3 frames each = 73,728 + tail) | "
+                + " | ".join(f"{size[0]:,.0f}" for size in sizes) + " |")
+    rows.append("| replay buffer at the world's capacity (official at 300k: ≈ 22 GB) | "
+                + " | ".join(f"{size[1] / 1e9:.2f} GB ({envs.ENV_SPECS[e].buffer_size // 1000}k)"
+                             for e, size in zip(WORLDS, sizes)) + " |")
 
     # a short csf.py run on Humanoid at the paper's sizes: 2 epochs of 8 × 200 steps, the second one training
     with tempfile.TemporaryDirectory() as cwd:
@@ -71,14 +75,15 @@ def main():
         wall = time.time() - start
         (path,) = glob.glob(os.path.join(cwd, "runs", "*", "eval.jsonl"))
         last = [json.loads(line) for line in open(path)][-1]
-    rows.append(f"| csf.py Humanoid, width 1024, batch 256: ms / gradient step ({device}) | – | "
-                f"{last['ms_per_grad_step']:.0f} |")
-    rows.append(f"| csf.py Humanoid: env steps/s of the training epochs, collection + {args.grad_steps} gradient steps | – | "
-                f"{last['sps']:.0f} |")
-    rows.append(f"| csf.py Humanoid: peak RSS, 56 envs (8 training + 48 evaluation), 3,200 transitions stored | – | "
-                f"{last['peak_rss_mb']:,.0f} MB |")
-    rows.append(f"| csf.py Humanoid: wall time of the whole command (2 evaluations of 48 rollouts included) | – | "
-                f"{wall:.0f} s |")
+    for label, value in ((f"csf.py Humanoid, width 1024, batch 256: ms / gradient step ({device})",
+                          f"{last['ms_per_grad_step']:.0f}"),
+                         (f"csf.py Humanoid: env steps/s of the training epochs, collection + {args.grad_steps} "
+                          "gradient steps", f"{last['sps']:.0f}"),
+                         ("csf.py Humanoid: peak RSS, 56 envs (8 training + 48 evaluation), 3,200 transitions stored",
+                          f"{last['peak_rss_mb']:,.0f} MB"),
+                         ("csf.py Humanoid: wall time of the whole command (2 evaluations of 48 rollouts included)",
+                          f"{wall:.0f} s")):
+        rows.append(f"| {label} | " + " | ".join(value if w == "Humanoid" else "–" for w in WORLDS) + " |")
     table = "\n".join(rows)
     command = f"python benchmarks/pixel_speed.py --env-steps {args.env_steps} --grad-steps {args.grad_steps}"
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)

@@ -35,11 +35,13 @@ def test_discriminator_loss_is_the_cross_entropy_less_log_k_and_learns():
 
 
 def test_one_hot_skills_and_the_evaluation_split():
-    z = diayn.sample_skills(1000, 50, torch.Generator().manual_seed(0))
+    z = diayn.sample_skills(1000, 50, generator=torch.Generator().manual_seed(0))
     assert torch.all(z.sum(-1) == 1) and len(z.argmax(-1).unique()) == 50
-    skills = diayn.eval_skills(48, 50)  # the paper's 48 rollouts over K = 50: skills 0..47 once each
+    skills = diayn.eval_skills(48, 50, False, None)  # the paper's 48 rollouts over K = 50: skills 0..47 once each
     assert skills.argmax(-1).tolist() == list(range(48))
-    assert diayn.eval_skills(100, 50).sum(0).tolist() == [2.0] * 50
+    assert diayn.eval_skills(100, 50, False, None).sum(0).tolist() == [2.0] * 50
+    gaussian = diayn.eval_skills(4000, 9, True, torch.Generator().manual_seed(0))  # Robobin: z ~ N(0, I)
+    assert gaussian.shape == (4000, 9) and abs(gaussian.mean()) < 0.02 and abs(gaussian.std() - 1) < 0.02
 
 
 def test_halfcheetah_run_feeds_the_discriminator_the_next_observation(tmp_path, monkeypatch):
