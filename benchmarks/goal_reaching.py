@@ -7,7 +7,7 @@ For each agent and seed: the last checkpoint of benchmarks/ant_learning.py's run
 seed<S>/), and an untrained checkpoint of the same agent, seed and width (one epoch, no gradient step). goal_reaching.py
 evaluates each on the same --num-goals goals (goal seed --goal-seed); the table (staying time within 3 and 1, hit
 within 3, final distance, progress = distance at reset minus final distance) is printed and written to
-benchmarks/results/goal_reaching_ant_<width>.md.
+benchmarks/results/goal_reaching_ant_<width>_<agents>_seed<seeds>.md.
 """
 
 import argparse
@@ -64,7 +64,8 @@ def main():
                                 + " | ".join(format(result["mean"][key], f) for key, _, f in COLUMNS) + " |")
                     print(rows[-1], flush=True)
     command = "python benchmarks/goal_reaching.py " + " ".join(sys.argv[1:])
-    out = os.path.join(ROOT, "benchmarks", "results", f"goal_reaching_ant_{args.hidden_dim}.md")
+    out = os.path.join(ROOT, "benchmarks", "results", f"goal_reaching_ant_{args.hidden_dim}_{'_'.join(args.agents)}_seed"
+                       f"{'_'.join(map(str, args.seeds))}.md")
     with open(out, "w") as f:
         f.write(f"# Zero-shot goal reaching on Ant, width {args.hidden_dim}\n\n`{command.strip()}`\n\n"
                 f"{args.num_goals} goals (x, y) ~ U(-50, 50)², goal seed {args.goal_seed}, actions sampled from the "
