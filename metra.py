@@ -553,22 +553,25 @@ def main(args, ckpt=None):
 
     start_epoch, grad_steps, wall_time, since_eval = 0, 0, 0.0, new_window()
     if ckpt:
-        for name, module in modules.items():
-            module.load_state_dict(ckpt[name])
-        with torch.no_grad():
-            log_alpha.copy_(ckpt["log_alpha"])
-            log_lam.copy_(ckpt["log_lam"])
-        rb.load_state_dict(ckpt["buffer"])
-        start_epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
-        torch.set_rng_state(ckpt["torch_rng"])
-        if device.type == "cuda" and ckpt["cuda_rng"] is not None:
-            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
-        eval_generator.set_state(ckpt["eval_torch_rng"])
-        rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
-        for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
-            env.unwrapped.np_random.bit_generator.state = state
-        window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
-        since_eval = {**window, "stats": [s.to(device) for s in window["stats"]], "start": time.time() - window["start"]}
+        try:
+            for name, module in modules.items():
+                module.load_state_dict(ckpt[name])
+            with torch.no_grad():
+                log_alpha.copy_(ckpt["log_alpha"])
+                log_lam.copy_(ckpt["log_lam"])
+            rb.load_state_dict(ckpt["buffer"])
+            start_epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
+            torch.set_rng_state(ckpt["torch_rng"])
+            if device.type == "cuda" and ckpt["cuda_rng"] is not None:
+                torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+            eval_generator.set_state(ckpt["eval_torch_rng"])
+            rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
+            for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
+                env.unwrapped.np_random.bit_generator.state = state
+            window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
+            since_eval = {**window, "stats": [s.to(device) for s in window["stats"]], "start": time.time() - window["start"]}
+        except (KeyError, RuntimeError, ValueError) as e:  # the state of another version of this script
+            error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
         print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
 
     def save_checkpoint(epoch):

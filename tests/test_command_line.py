@@ -10,7 +10,7 @@ from typing import Optional
 
 import pytest
 import torch
-from conftest import AGENTS, FIVE_EPOCHS, name
+from conftest import AGENTS, FIVE_EPOCHS, load, name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMERIC = (int, float, Optional[int], Optional[float])
@@ -91,6 +91,24 @@ def test_a_file_that_is_no_checkpoint_of_this_agent_is_one_line(agent, tmp_path)
     assert rejects(agent, ["--resume", str(tmp_path / "plain.pt")]).endswith("plain.pt is not a cleanmisl checkpoint")
     torch.save({"agent": name(agent), "args": {"env_id": "Ant", "bogus_flag": 1}}, tmp_path / "future.pt")
     assert "another version" in rejects(agent, ["--resume", str(tmp_path / "future.pt")])
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_a_checkpoint_of_another_version_is_one_line(agent, tiny_run, tmp_path, monkeypatch):
+    """A checkpoint whose flags this version knows but whose state it does not (a key added since, a network of
+    another shape) stops the resume with one line, not a KeyError or a state-dict traceback."""
+    run_dir, _ = tiny_run(agent, *FIVE_EPOCHS)
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    monkeypatch.chdir(tmp_path)
+    for broken, detail in (({k: v for k, v in ckpt.items() if k != "eval_torch_rng"}, "'eval_torch_rng'"),
+                           ({**ckpt, "actor": {k: v[..., :1] for k, v in ckpt["actor"].items()}}, "size mismatch")):
+        torch.save(broken, tmp_path / "old.pt")
+        with pytest.raises(SystemExit) as stop:
+            agent.main(*agent.parse_args(["--resume", str(tmp_path / "old.pt"), "--total-env-steps", "4000"]))
+        message = str(stop.value.code)
+        assert "\n" not in message and message.startswith(f"{name(agent)}.py: error: {tmp_path / 'old.pt'} was "
+                                                          f"written by another version of {name(agent)}.py (")
+        assert detail in message, message
 
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)
