@@ -414,18 +414,11 @@ def skill_colors(skills):
     return plt.cm.hsv((np.arctan2(skills[:, 1], skills[:, 0]) + np.pi) / (2 * np.pi))
 
 
-def plot_skills(coordinates, colors, path, title):
+def plot_skills(coordinates, colors, path, title, env_id):
     """The evaluation trajectories, one colour per skill."""
     fig, ax = plt.subplots(figsize=(5, 5))
-    for xy, color in zip(coordinates, colors):
-        if xy.shape[-1] == 2:
-            ax.plot(xy[:, 0], xy[:, 1], color=color, lw=1)
-        else:  # x only: position against time
-            ax.plot(xy[:, 0], np.arange(len(xy)), color=color, lw=1)
-    ax.set_xlabel("x")
-    ax.set_ylabel("y" if coordinates.shape[-1] == 2 else "env step")
+    envs.draw_coordinates(ax, coordinates, colors, env_id)
     ax.set_title(title)
-    ax.set_aspect("equal" if coordinates.shape[-1] == 2 else "auto")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -563,13 +556,13 @@ def main(args, ckpt=None):
                   "coverage": envs.coverage(coordinates, args.env_id)}
         if rb.size > 0:  # E‖φ(s') - φ(s)‖² over replay transitions, in chunks that fit in memory with pixels
             n = min(NUM_DPHI_SAMPLES, rb.size)
-            batches = [rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000)]
+            batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))  # one at a time
             result["dphi_sq"] = torch.cat([(phi(b["next_obs"]) - phi(b["obs"])).pow(2).sum(-1)
                                            for b in batches]).mean().item()
         result.update(epoch_stats)  # training means since the last evaluation
         result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         plot_skills(coordinates, skill_colors(skills.numpy()), os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
-                    f"CIC {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}")
+                    f"CIC {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}", args.env_id)
         if frames:
             import imageio
 

@@ -367,18 +367,11 @@ def skill_colors(skills):
     return plt.cm.hsv((np.arctan2(skills[:, 1], skills[:, 0]) + np.pi) / (2 * np.pi))
 
 
-def plot_skills(coordinates, colors, path, title):
+def plot_skills(coordinates, colors, path, title, env_id):
     """The evaluation trajectories, one colour per skill."""
     fig, ax = plt.subplots(figsize=(5, 5))
-    for xy, color in zip(coordinates, colors):
-        if xy.shape[-1] == 2:
-            ax.plot(xy[:, 0], xy[:, 1], color=color, lw=1)
-        else:  # x only: position against time
-            ax.plot(xy[:, 0], np.arange(len(xy)), color=color, lw=1)
-    ax.set_xlabel("x")
-    ax.set_ylabel("y" if coordinates.shape[-1] == 2 else "env step")
+    envs.draw_coordinates(ax, coordinates, colors, env_id)
     ax.set_title(title)
-    ax.set_aspect("equal" if coordinates.shape[-1] == 2 else "auto")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -509,7 +502,7 @@ def main(args, ckpt=None):
         result.update(epoch_stats)  # training means since the last evaluation: the model's log-likelihood, reward
         result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         plot_skills(coordinates, skill_colors(skills.numpy()), os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
-                    f"DADS {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}")
+                    f"DADS {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}", args.env_id)
         if frames:
             import imageio
 

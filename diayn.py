@@ -391,18 +391,11 @@ def skill_colors(skills, gaussian):
     return plt.cm.hsv(skills.argmax(-1) / skills.shape[-1])
 
 
-def plot_skills(coordinates, colors, path, title):
+def plot_skills(coordinates, colors, path, title, env_id):
     """The evaluation trajectories, one colour per skill."""
     fig, ax = plt.subplots(figsize=(5, 5))
-    for xy, color in zip(coordinates, colors):
-        if xy.shape[-1] == 2:
-            ax.plot(xy[:, 0], xy[:, 1], color=color, lw=1)
-        else:  # x only: position against time
-            ax.plot(xy[:, 0], np.arange(len(xy)), color=color, lw=1)
-    ax.set_xlabel("x")
-    ax.set_ylabel("y" if coordinates.shape[-1] == 2 else "env step")
+    envs.draw_coordinates(ax, coordinates, colors, env_id)
     ax.set_title(title)
-    ax.set_aspect("equal" if coordinates.shape[-1] == 2 else "auto")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -533,7 +526,7 @@ def main(args, ckpt=None):
                   "coverage": envs.coverage(coordinates, args.env_id)}
         if rb.size > 0:  # how often argmax q(·|s') names the trajectory's skill (chance 1/K), over replay transitions;
             n = min(NUM_DIAGNOSTIC_SAMPLES, rb.size)  # for Gaussian skills the mean log q(z|s') instead
-            batches = [rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000)]
+            batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))  # one at a time
             if gaussian:
                 result["disc_log_likelihood"] = torch.cat([log_likelihood(phi(b["next_obs"]), b["skill"])
                                                            for b in batches]).mean().item()
@@ -543,7 +536,7 @@ def main(args, ckpt=None):
         result.update(epoch_stats)  # training means since the last evaluation
         result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         plot_skills(coordinates, skill_colors(skills.numpy(), gaussian), os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
-                    f"DIAYN {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}")
+                    f"DIAYN {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}", args.env_id)
         if frames:
             import imageio
 

@@ -33,9 +33,12 @@ import collections
 import ctypes
 import ctypes.util
 import dataclasses
+import functools
 import glob
+import hashlib
 import importlib.util
 import os
+import weakref
 import xml.etree.ElementTree as ET
 
 # Headless rendering: MuJoCo picks its OpenGL backend when it is imported. EGL needs a GPU render node;
@@ -149,6 +152,10 @@ class Renderer:
     Unlike mujoco.Renderer (3.3), closing or garbage-collecting it frees its GL objects inside its own GL
     context: mujoco.Renderer frees them in whichever context is current, i.e. in another env's renderer,
     whose images then turn to garbage.
+
+    A render context holds a copy of the model's textures and meshes (Kitchen's: 200 MB with OSMesa), so the
+    envs of one process whose models are byte-identical share one Renderer (`MujocoEnv._frame`): 56 Kitchen
+    envs (8 training, 48 evaluation) otherwise take 12 GB. `render` draws any such model's `data`.
     """
 
     def __init__(self, model, size):
@@ -163,7 +170,6 @@ class Renderer:
         except Exception as err:  # the backend loaded, but no context could be made (e.g. EGL without a device)
             raise RenderUnavailable(_gl_error(f"{type(err).__name__}: {str(err).strip().splitlines()[0]}")) from err
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
-        self._model = model
         self._scene = mujoco.MjvScene(model, maxgeom=1000)
         self._scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
         self._scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
@@ -172,13 +178,13 @@ class Renderer:
         self._rect = mujoco.MjrRect(0, 0, size, size)
         self._pixels = np.empty((size, size, 3), np.uint8)
 
-    def render(self, data, camera):
-        """The view through `camera`: the name of one of the model's cameras, or a free mujoco.MjvCamera."""
+    def render(self, model, data, camera):
+        """The view of `data` through `camera`: the name of one of the model's cameras, or a free
+        mujoco.MjvCamera. `model` is the one this Renderer was made for, or a byte-identical copy."""
         if isinstance(camera, str):
-            self._camera.fixedcamid = mujoco.mj_name2id(self._model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
+            self._camera.fixedcamid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
             camera = self._camera
-        mujoco.mjv_updateScene(
-            self._model, data, self._option, None, camera, mujoco.mjtCatBit.mjCAT_ALL, self._scene)
+        mujoco.mjv_updateScene(model, data, self._option, None, camera, mujoco.mjtCatBit.mjCAT_ALL, self._scene)
         self._gl.make_current()
         mujoco.mjr_render(self._rect, self._scene, self._context)
         mujoco.mjr_readPixels(self._pixels, None, self._rect, self._context)
@@ -203,20 +209,25 @@ class MujocoEnv(gym.Env):
 
     def __init__(self, render_mode=None):
         self.render_mode = render_mode
-        self._renderers = {}  # side length -> Renderer, made on first use
+        self._renderers = {}  # side length -> Renderer, found or made on first use
 
     def _frame(self, size):
         if size not in self._renderers:
-            self._renderers[size] = Renderer(self.model, size)
-        return self._renderers[size].render(self.data, self.camera)
+            model_bytes = np.empty(mujoco.mj_sizeModel(self.model), np.uint8)
+            mujoco.mj_saveModel(self.model, None, model_bytes)
+            key = (hashlib.blake2b(model_bytes).digest(), size)
+            self._renderers[size] = _RENDERERS.get(key) or _RENDERERS.setdefault(key, Renderer(self.model, size))
+        return self._renderers[size].render(self.model, self.data, self.camera)
 
     def render(self):
         return self._frame(VIDEO_SIZE)
 
     def close(self):
-        for renderer in self._renderers.values():
-            renderer.close()
-        self._renderers.clear()
+        self._renderers.clear()  # a Renderer no env holds any more frees itself
+
+
+# (model bytes digest, side length) -> the Renderer that the envs with such a model share, while one holds it
+_RENDERERS = weakref.WeakValueDictionary()
 
 
 class LocomotionEnv(MujocoEnv):
@@ -501,6 +512,7 @@ def kitchen_successes(qpos):
     ], dtype=np.float64)
 
 
+@functools.cache  # one model for every Kitchen env of a process (31 MB of textures): no env writes to it
 def _kitchen_model():
     """gymnasium-robotics' Franka kitchen MJCF, the arm driven through a mocap body instead of its joint
     actuators: the 7 arm actuators are removed (their position targets would fight the mocap), the 2 finger
@@ -605,6 +617,7 @@ HAND_QUAT = (1.0, 0.0, 1.0, 0.0)  # metaworld's mocap orientation: the gripper p
 # "success" there means "hand within 0.1 of ReachLeft's hand target". We test the task asked, as intended.
 
 
+@functools.cache  # one model for every Robobin env of a process: no env writes to it
 def _robobin_model():
     """Metaworld's bin-picking scene (Sawyer arm, mocap weld, 2 claw actuators, table) with its bins and
     object replaced by one red bin centred at (0, 0.7) (walls 0.5 × 0.44 m apart, 6 cm high, floor top at
@@ -908,6 +921,37 @@ def make_encoder(observation_space):
         encoder = PixelEncoder(in_channels=observation_space.shape[-1])
         return encoder, encoder.out_dim
     return nn.Identity(), observation_space.shape[0]
+
+
+def draw_coordinates(ax, coordinates, colors, env_id=None):
+    """Draw the evaluation `coordinates` (rollouts, steps, coord_dim) on the matplotlib axes `ax`, rollout i in
+    colors[i] (RGBA), as every agent's skill plot shows them.
+
+    Kitchen: a grid of rollouts × KITCHEN_TASKS, a cell in its rollout's colour where the rollout achieved
+    the task at some step. Robobin: the hand's (x, y) path from above, each block's last (x, y) a dot.
+    Any other world: the (x, y) paths, or x against the env step for x-only worlds.
+    """
+    if env_id == "Kitchen":
+        achieved = np.asarray(coordinates).any(axis=1)  # (rollouts, tasks)
+        ax.imshow(np.where(achieved[..., None], np.asarray(colors)[:, None, :], 1.0), aspect="auto",
+                  interpolation="nearest")
+        ax.set_xticks(range(len(KITCHEN_TASKS)), KITCHEN_TASKS, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("rollout")
+        return
+    if env_id == "Robobin":  # coordinates: hand, block 1, block 2, (x, y, z) each
+        for path, color in zip(coordinates, colors):
+            ax.plot(path[:, 0], path[:, 1], color=color, lw=1)
+            ax.plot(path[-1, [3, 6]], path[-1, [4, 7]], "o", color=color, ms=3)
+        ax.set_xlabel("hand x (dots: blocks at the end)")
+        ax.set_ylabel("hand y")
+        ax.set_aspect("equal")
+        return
+    planar = np.shape(coordinates)[-1] == 2
+    for path, color in zip(coordinates, colors):
+        ax.plot(path[:, 0], path[:, 1] if planar else np.arange(len(path)), color=color, lw=1)
+    ax.set_xlabel("x")
+    ax.set_ylabel("y" if planar else "env step")
+    ax.set_aspect("equal" if planar else "auto")
 
 
 def coverage(coordinates, env_id=None):

@@ -463,18 +463,11 @@ def skill_colors(skills, discrete):
     return plt.cm.hsv((angle + np.pi) / (2 * np.pi))
 
 
-def plot_skills(coordinates, colors, path, title):
+def plot_skills(coordinates, colors, path, title, env_id):
     """The 48 evaluation trajectories, one colour per skill."""
     fig, ax = plt.subplots(figsize=(5, 5))
-    for xy, color in zip(coordinates, colors):
-        if xy.shape[-1] == 2:
-            ax.plot(xy[:, 0], xy[:, 1], color=color, lw=1)
-        else:  # x only: position against time
-            ax.plot(xy[:, 0], np.arange(len(xy)), color=color, lw=1)
-    ax.set_xlabel("x")
-    ax.set_ylabel("y" if coordinates.shape[-1] == 2 else "env step")
+    envs.draw_coordinates(ax, coordinates, colors, env_id)
     ax.set_title(title)
-    ax.set_aspect("equal" if coordinates.shape[-1] == 2 else "auto")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -614,9 +607,9 @@ def main(args, ckpt=None):
                   "coverage": envs.coverage(coordinates, args.env_id)}
         if rb.size > 0:  # E‖φ(s') - φ(s)‖² and the mean constraint term over replay transitions
             n = min(NUM_DPHI_SAMPLES, rb.size)  # in chunks that fit in memory with pixels
-            batches = [rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000)]
-            dphi = torch.cat([phi(b["next_obs"]) - phi(b["obs"]) for b in batches])
-            skill = torch.cat([b["skill"] for b in batches])
+            batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))  # one at a time
+            pairs = [(phi(b["next_obs"]) - phi(b["obs"]), b["skill"]) for b in batches]
+            dphi, skill = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
             result["dphi_sq"] = dphi.pow(2).sum(-1).mean().item()
             result["constraint"] = constraint(dphi, args.dual_slack, args.constraint_norm).mean().item()
             if args.save_repr_stats:
@@ -630,7 +623,7 @@ def main(args, ckpt=None):
         plot_skills(coordinates, skill_colors(skills.numpy(), args.discrete),
                     os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
                     f"{'METRA-C' if contrastive else 'METRA'} {args.env_id}, {env_steps:,} env steps, "
-                    f"coverage {result['coverage']}")
+                    f"coverage {result['coverage']}", args.env_id)
         if frames:
             import imageio
 

@@ -356,20 +356,13 @@ class ReplayBuffer:
 
 
 # ---------------------------------------------------------------- evaluation (spec §4.1-4.2)
-def plot_skills(coordinates, skills, path, title):
+def plot_skills(coordinates, skills, path, title, env_id):
     """The evaluation trajectories, coloured by the angle of (z_0, z_1) (by the sign of z for d = 1)."""
     angle = np.arctan2(skills[:, 1], skills[:, 0]) if skills.shape[-1] > 1 else np.pi * (skills[:, 0] > 0)
     colors = plt.cm.hsv((angle + np.pi) / (2 * np.pi))
     fig, ax = plt.subplots(figsize=(5, 5))
-    for xy, color in zip(coordinates, colors):
-        if xy.shape[-1] == 2:
-            ax.plot(xy[:, 0], xy[:, 1], color=color, lw=1)
-        else:  # x only: position against time
-            ax.plot(xy[:, 0], np.arange(len(xy)), color=color, lw=1)
-    ax.set_xlabel("x")
-    ax.set_ylabel("y" if coordinates.shape[-1] == 2 else "env step")
+    envs.draw_coordinates(ax, coordinates, colors, env_id)
     ax.set_title(title)
-    ax.set_aspect("equal" if coordinates.shape[-1] == 2 else "auto")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -505,12 +498,12 @@ def main(args, ckpt=None):
                   "coverage": envs.coverage(coordinates, args.env_id)}
         if rb.size > 0:  # mean ê(s)ᵀz over replay transitions (0 untrained, 1 perfect), in chunks that fit in memory
             n = min(NUM_DIAGNOSTIC_SAMPLES, rb.size)
-            batches = [rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000)]
+            batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))  # one at a time
             result["score"] = torch.cat([vmf_score(phi(b["obs"]), b["skill"]) for b in batches]).mean().item()
         result.update(epoch_stats)
         result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         plot_skills(coordinates, skills.numpy(), os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
-                    f"VISR {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}")
+                    f"VISR {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}", args.env_id)
         if frames:
             import imageio
 

@@ -299,3 +299,33 @@ def test_missing_gl_library_gives_one_line_error():
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 2 and all(line.startswith("ERROR") and "libosmesa6" in line for line in lines), result.stdout
+
+
+def test_skill_plot_draws_tasks_for_kitchen_and_the_hand_for_robobin():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = np.array([[1.0, 0, 0, 1], [0, 0, 1.0, 1]])
+    flags = np.zeros((2, 51, 6))
+    flags[0, 10:20, 1] = 1  # rollout 0 turns the light on for a while
+    flags[1, 50, [0, 5]] = 1  # rollout 1 achieves two tasks at its last step
+    fig, ax = plt.subplots()
+    envs.draw_coordinates(ax, flags, colors, "Kitchen")
+    grid = ax.images[0].get_array()  # (rollouts, tasks, RGBA)
+    assert grid.shape == (2, 6, 4)
+    assert np.array_equal(grid[0, 1], colors[0]) and np.array_equal(grid[1, 0], colors[1])
+    assert np.array_equal(grid[1, 5], colors[1])
+    assert (grid[0, [0, 2, 3, 4, 5]] == 1).all() and (grid[1, 1:5] == 1).all()  # white where not achieved
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(envs.KITCHEN_TASKS)
+    plt.close(fig)
+
+    rng = np.random.default_rng(0)
+    states = rng.normal(size=(2, 201, 9))  # hand, block 1, block 2
+    fig, ax = plt.subplots()
+    envs.draw_coordinates(ax, states, colors, "Robobin")
+    hand, blocks = ax.lines[0].get_xydata(), ax.lines[1].get_xydata()
+    assert np.allclose(hand, states[0, :, 0:2])
+    assert np.allclose(blocks, [states[0, -1, 3:5], states[0, -1, 6:8]])
+    plt.close(fig)

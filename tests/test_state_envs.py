@@ -105,3 +105,46 @@ def test_vector_env_without_autoreset_returns_the_final_observation_and_refuses_
         vector.step(actions)
     first, _ = vector.reset()
     assert not np.array_equal(first, obs)
+
+
+def test_envs_of_one_world_share_one_render_context():
+    """One Renderer per distinct model and frame size in a process (a Kitchen render context alone holds 200 MB
+    of textures); each env still draws its own state, and the context goes with the last env holding it."""
+    a, b = envs.make_env("Ant", "rgb_array"), envs.make_env("Ant", "rgb_array")
+    other = envs.make_env("HalfCheetah", "rgb_array")
+    a.reset(seed=1)
+    b.reset(seed=2)
+    for _ in range(20):
+        a.step(np.ones(8, np.float32))
+    frame_a = a.render()
+    frame_b, _ = b.render(), other.render()  # b draws after a, with the same context
+    renderer = a.unwrapped._renderers[envs.VIDEO_SIZE]
+    assert b.unwrapped._renderers[envs.VIDEO_SIZE] is renderer
+    assert other.unwrapped._renderers[envs.VIDEO_SIZE] is not renderer
+    assert not np.array_equal(frame_a, frame_b) and np.array_equal(a.render(), frame_a)
+    b.close()
+    assert np.array_equal(a.render(), frame_a)  # closing b left a's context alone
+    key = next(k for k, r in envs._RENDERERS.items() if r is renderer)
+    del renderer
+    a.close()
+    assert key not in envs._RENDERERS
+    other.close()
+
+
+def test_skill_plot_draws_paths_in_the_plane_or_against_time():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = np.cumsum(np.ones((3, 201, 2)), axis=1) * [[[1, -1]], [[2, 0]], [[0, 3]]]
+    colors = np.eye(4)[:3]
+    fig, ax = plt.subplots()
+    envs.draw_coordinates(ax, paths, colors, "Ant")
+    assert [np.allclose(line.get_xydata(), p) for line, p in zip(ax.lines, paths)] == [True] * 3
+    assert np.allclose(matplotlib.colors.to_rgba(ax.lines[2].get_color()), colors[2])
+    fig, ax = plt.subplots()
+    envs.draw_coordinates(ax, paths[..., :1], colors, "HalfCheetah")  # x against the env step
+    assert np.allclose(ax.lines[1].get_xydata(), np.stack([paths[1, :, 0], np.arange(201)], -1))
+    assert ax.get_ylabel() == "env step"
+    plt.close("all")
