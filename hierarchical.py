@@ -388,8 +388,9 @@ class EpisodeBuffer:
 
     def state_dict(self):
         n = self.num_stored
-        return {"pos": self.pos, "num_stored": n, "obs": {k: v[:n].copy() for k, v in self.obs.items()},
-                "actions": self.actions[:n].copy(), "rewards": self.rewards[:n].copy()}
+        # Tensors over the arrays, not copies: torch.save writes them as they are (a pickled array is copied 4-5 times)
+        return {"pos": self.pos, "num_stored": n, "obs": {k: torch.from_numpy(v[:n]) for k, v in self.obs.items()},
+                "actions": torch.from_numpy(self.actions[:n]), "rewards": torch.from_numpy(self.rewards[:n])}
 
     def load_state_dict(self, state):
         self.pos, self.num_stored, n = state["pos"], state["num_stored"], state["num_stored"]

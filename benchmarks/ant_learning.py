@@ -23,13 +23,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = [("env_steps", "env steps", ","), ("wall_time", "wall time (s)", ".0f"), ("sps", "SPS", ".0f"),
            ("ms_per_grad_step", "ms / grad step", ".1f"), ("coverage", "coverage", "d"), ("dphi_sq", "E‖Δφ‖²", ".2e"),
            ("logsumexp", "logsumexp", ".3f"), ("lambda", "λ", ".3g"), ("constraint", "constraint", ".3g"),
-           ("disc_accuracy", "discriminator accuracy", ".3f"), ("score", "ê(s)ᵀz", ".3f"), ("reward", "reward", ".3g"),
+           ("disc_accuracy", "discriminator accuracy", ".3f"), ("score", "ê(s)ᵀz", ".3f"), ("cpc_loss", "CPC loss", ".3f"),
+           ("knn_reward", "kNN reward", ".3f"), ("log_likelihood", "model log-likelihood", ".2f"), ("reward", "reward", ".3g"),
            ("alpha", "α", ".2e"), ("peak_rss_mb", "peak RSS (MB)", ".0f")]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--agent", default="csf", help="the agent script to run: csf, metra, diayn, visr")
+    parser.add_argument("--agent", default="csf", help="the agent script to run: csf, metra, diayn, visr, cic, dads")
     parser.add_argument("--total-env-steps", type=int, default=3_000_000, help="budget per seed")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="seeds, run side by side")
     parser.add_argument("--hidden-dim", type=int, default=256, help="network width (the paper's is 1024)")

@@ -13,7 +13,8 @@ import pytest
 import submitit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+# appended, after the root: benchmarks/goal_reaching.py and hierarchical.py must not hide the scripts
+sys.path.append(os.path.join(ROOT, "benchmarks"))
 import sweep  # noqa: E402
 
 TINY = ["--num-envs", "2", "--learning-starts", "400", "--grad-steps-per-epoch", "2", "--batch-size", "16",
