@@ -8,6 +8,11 @@ Each seed runs in benchmarks/runs/<agent>_ant_<width>/seed<S>/ (its runs/ folder
 the agent's own diagnostics such as the logsumexp term, α or λ, peak RSS) is printed and written to
 benchmarks/results/<agent>_ant_<width>.md; the take-off criterion (coverage ≥ 50 cells at two consecutive
 evaluations) is checked per seed at the end. --report-only rebuilds the table from finished runs.
+
+Every run checkpoints at every evaluation. Running this script again starts its seeds afresh; to continue an
+interrupted seed instead, resume its run in its folder, then rebuild the table:
+
+    cd benchmarks/runs/csf_ant_256/seed2 && python ../../../../csf.py --resume runs/<run_name>/checkpoint.pt
 """
 
 import argparse
@@ -48,7 +53,7 @@ def main():
             os.makedirs(seed_dir)
             cmd = [sys.executable, os.path.join(ROOT, f"{args.agent}.py"), "--env-id", "Ant", "--seed", str(seed),
                    "--total-env-steps", str(args.total_env_steps), "--hidden-dim", str(args.hidden_dim),
-                   "--eval-every", str(args.eval_every), "--checkpoint-every", str(10 * args.eval_every), "--no-cuda", *args.agent_args.split()]
+                   "--eval-every", str(args.eval_every), "--checkpoint-every", str(args.eval_every), "--no-cuda", *args.agent_args.split()]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             log = open(os.path.join(seed_dir, "stdout.log"), "w")
             print("running:", " ".join(cmd[1:]), f"(in {os.path.relpath(seed_dir, ROOT)})", flush=True)
