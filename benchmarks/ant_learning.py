@@ -13,6 +13,10 @@ Every run checkpoints at every evaluation. Running this script again starts its 
 interrupted seed instead, resume its run in its folder, then rebuild the table:
 
     cd benchmarks/runs/csf_ant_256/seed2 && python ../../../../csf.py --resume runs/<run_name>/checkpoint.pt
+
+The same table for seeds that benchmarks/sweep.py ran (in SWEEP_DIR/<agent>_Ant_seed<S>/):
+
+    python benchmarks/ant_learning.py --agent cic --seeds 1 2 --report-only --sweep-dir benchmarks/sweeps/ant_256
 """
 
 import argparse
@@ -42,13 +46,18 @@ def main():
     parser.add_argument("--eval-every", type=int, default=50, help="epochs between evaluations (80k env steps)")
     parser.add_argument("--agent-args", default="", help="more flags for the agent, e.g. '--save-repr-stats'")
     parser.add_argument("--report-only", action="store_true", help="only rebuild the table from finished runs")
+    parser.add_argument("--sweep-dir", help="with --report-only: take the seeds' runs from this benchmarks/sweep.py folder")
     args = parser.parse_args()
+    if args.sweep_dir and not args.report_only:
+        parser.error("--sweep-dir only goes with --report-only (benchmarks/sweep.py runs the seeds of a sweep)")
     out_dir = os.path.join(ROOT, "benchmarks", "runs", f"{args.agent}_ant_{args.hidden_dim}")
+    seed_dirs = {seed: os.path.join(args.sweep_dir, f"{args.agent}_Ant_seed{seed}") if args.sweep_dir
+                 else os.path.join(out_dir, f"seed{seed}") for seed in args.seeds}
 
     if not args.report_only:
         procs = []
         for seed in args.seeds:
-            seed_dir = os.path.join(out_dir, f"seed{seed}")
+            seed_dir = seed_dirs[seed]
             shutil.rmtree(seed_dir, ignore_errors=True)
             os.makedirs(seed_dir)
             cmd = [sys.executable, os.path.join(ROOT, f"{args.agent}.py"), "--env-id", "Ant", "--seed", str(seed),
@@ -64,9 +73,9 @@ def main():
 
     runs = {}
     for seed in args.seeds:
-        files = glob.glob(os.path.join(out_dir, f"seed{seed}", "runs", "*", "eval.jsonl"))
+        files = glob.glob(os.path.join(seed_dirs[seed], "runs", "*", "eval.jsonl"))
         if not files:
-            sys.exit(f"no eval.jsonl for seed {seed} under {out_dir}")
+            sys.exit(f"no eval.jsonl for seed {seed} under {seed_dirs[seed]}")
         runs[seed] = [json.loads(line) for line in open(files[0])]
     present = {key for evals in runs.values() for e in evals for key in e}
     columns = [c for c in COLUMNS if c[0] in present]
@@ -82,10 +91,18 @@ def main():
     command = (f"python benchmarks/ant_learning.py --agent {args.agent} --total-env-steps {args.total_env_steps} --seeds "
                f"{' '.join(map(str, args.seeds))} --hidden-dim {args.hidden_dim} --eval-every {args.eval_every}"
                + (f" --agent-args='{args.agent_args}'" if args.agent_args else ""))
+    source = f"`{command}`"
+    if args.sweep_dir:  # the runs' own commands, as the sweep recorded them
+        with open(os.path.join(args.sweep_dir, "sweep.jsonl")) as f:
+            commands = [run["command"] for run in map(json.loads, f) if run["agent"] == args.agent
+                        and run["env_id"] == "Ant" and run["seed"] in args.seeds and not run.get("variant")]
+        source = (", ".join(f"`{c}`" for c in commands) + f", run by `benchmarks/sweep.py` in "
+                  f"`{os.path.relpath(os.path.abspath(args.sweep_dir), ROOT)}`; table: `{command} --report-only "
+                  f"--sweep-dir {os.path.relpath(os.path.abspath(args.sweep_dir), ROOT)}`")
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     result_file = os.path.join(ROOT, "benchmarks", "results", f"{args.agent}_ant_{args.hidden_dim}.md")
     with open(result_file, "w") as f:
-        f.write(f"# {args.agent} on Ant, width {args.hidden_dim}\n\n`{command}`\n\n{table}\n")
+        f.write(f"# {args.agent} on Ant, width {args.hidden_dim}\n\n{source}\n\n{table}\n")
     print(table)
     print(f"\nwritten to {os.path.relpath(result_file, ROOT)}")
 

@@ -1,9 +1,10 @@
 """Coverage against env steps for the Ant learning benchmarks of several agents, one line per seed.
 
-    python benchmarks/plot_coverage.py --agents csf metra diayn visr --hidden-dim 256
+    python benchmarks/plot_coverage.py --agents csf metra diayn visr cic dads --hidden-dim 256
 
 Reads the tables that benchmarks/ant_learning.py wrote to benchmarks/results/<agent>_ant_<width>.md (so the figure
-needs only what is committed) and writes benchmarks/results/coverage_ant_<width>.png.
+needs only what is committed; each agent's curves end at its own budget) and writes
+benchmarks/results/coverage_ant_<width>.png.
 """
 
 import argparse
@@ -34,7 +35,7 @@ def read_table(path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--agents", nargs="+", default=["csf", "metra", "diayn", "visr"])
+    parser.add_argument("--agents", nargs="+", default=["csf", "metra", "diayn", "visr", "cic", "dads"])
     parser.add_argument("--hidden-dim", type=int, default=256)
     args = parser.parse_args()
     fig, ax = plt.subplots(figsize=(7, 4))
