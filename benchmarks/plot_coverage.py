@@ -38,7 +38,7 @@ def main():
     parser.add_argument("--agents", nargs="+", default=["csf", "metra", "diayn", "visr", "cic", "dads"])
     parser.add_argument("--hidden-dim", type=int, default=256)
     args = parser.parse_args()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 5))
     for color, agent in zip(("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"), args.agents):
         path = os.path.join(ROOT, "benchmarks", "results", f"{agent}_ant_{args.hidden_dim}.md")
         if not os.path.isfile(path):
@@ -53,7 +53,7 @@ def main():
     ax.set_title(f"Ant, width {args.hidden_dim}")
     ax.set_yscale("log")
     ax.set_ylim(bottom=2)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below the axes: hides no curve
     fig.tight_layout()
     out = os.path.join(ROOT, "benchmarks", "results", f"coverage_ant_{args.hidden_dim}.png")
     fig.savefig(out, dpi=100)
