@@ -10,7 +10,11 @@ have) is skipped with the agent's own one-line reason, before anything starts. E
 SWEEP_DIR/<agent>_<env>_seed<S>/ (the agent writes runs/<run_name>/ and its stdout.log there), and SWEEP_DIR/
 sweep.jsonl holds one line per run: its command, status (pending, running, done, failed) and folder. Running the
 same command again skips the runs that reached their budget and resumes the others from their checkpoints, so an
-interrupted sweep (the machine rebooted, the job hit its time limit) is continued by repeating it.
+interrupted sweep (the machine rebooted, the job hit its time limit) is continued by repeating it. A run that a sibling
+sweep (another folder of the same parent) has already finished with the same arguments, once parsed, is not run again:
+its folder becomes a link to that run (the default variant that several ablation figures share, written `--xi 5` in
+one and `--critic inner` in another). Several commands may share one
+--sweep-dir (one agent at another budget): sweep.jsonl keeps every command's runs, and the report shows them all.
 
 Backends, through submitit: `local` (default) runs --workers runs at once on this machine, one torch thread each
 unless --threads says otherwise; `slurm` submits every run as its own job (--partition, --gpus-per-run, --time in
@@ -75,7 +79,7 @@ def plan(agents, env_ids, seeds, flags, sweep_dir, variants=("",)):
             runs.append({"agent": agent_name, "variant": variant, "env_id": env_id, "seed": seed, "argv": argv,
                          "folder": os.path.join(sweep_dir, f"{label}_seed{seed}"),
                          "final_env_steps": args.total_env_steps // steps_per_epoch * steps_per_epoch,
-                         "status": "pending"})
+                         "command": f"python {agent_name}.py {' '.join(argv)}", "args": args, "status": "pending"})
     return runs
 
 
@@ -100,15 +104,52 @@ def command(run):
             *(["--resume", checkpoints[0]] if checkpoints else [])]
 
 
+def same_experiment(run, line):
+    """Whether a line of another sweep runs the run's agent with the same arguments once parsed, so that
+    `--critic inner` (the default written out) is the same experiment as no flag at all."""
+    if line["agent"] != run["agent"]:
+        return False
+    try:
+        other, _ = importlib.import_module(run["agent"]).parse_args(shlex.split(line["command"])[2:])
+    except SystemExit:
+        return False
+    return other == run["args"]
+
+
+def reuse_finished_twin(run, sweep_dir):
+    """Link the run's folder to a finished run of the same experiment in a sibling sweep (the default variant that
+    several ablation figures share, say), so that it is not run twice. True if it found one."""
+    if read_evals(run["folder"]):
+        return False
+    for state in glob.glob(os.path.join(os.path.dirname(sweep_dir), "*", "sweep.jsonl")):
+        other_dir = os.path.dirname(state)
+        if other_dir == sweep_dir:
+            continue
+        with open(state) as f:
+            for line in map(json.loads, f):
+                twin = {**run, "folder": os.path.join(other_dir, line["folder"])}
+                if not os.path.islink(twin["folder"]) and finished(twin) and same_experiment(run, line):
+                    os.rmdir(run["folder"])
+                    os.symlink(os.path.relpath(twin["folder"], sweep_dir), run["folder"])
+                    print(f"reused {os.path.relpath(twin['folder'], os.path.dirname(sweep_dir))} for "
+                          f"`{run['command']}` (the same experiment, finished in another sweep)")
+                    return True
+    return False
+
+
 def write_state(sweep_dir, runs):
-    """sweep.jsonl: one line per run, its folder relative to the sweep's, so the file reads the same anywhere."""
+    """sweep.jsonl: one line per run, its folder relative to the sweep's, so the file reads the same anywhere. Lines
+    of other commands that used the same folder (another agent at another budget) are kept, in their place."""
     path = os.path.join(sweep_dir, "sweep.jsonl")
+    lines = {os.path.relpath(run["folder"], sweep_dir): {
+        "agent": run["agent"], "variant": run["variant"], "env_id": run["env_id"], "seed": run["seed"],
+        "status": run["status"], "folder": os.path.relpath(run["folder"], sweep_dir), "command": run["command"]}
+        for run in runs}
+    if os.path.isfile(path):
+        with open(path) as f:
+            lines = {**{line["folder"]: line for line in map(json.loads, f)}, **lines}
     with open(path + ".tmp", "w") as f:
-        for run in runs:
-            f.write(json.dumps({"agent": run["agent"], "variant": run["variant"], "env_id": run["env_id"],
-                                "seed": run["seed"],
-                                "status": run["status"], "folder": os.path.relpath(run["folder"], sweep_dir),
-                                "command": f"python {run['agent']}.py {' '.join(run['argv'])}"}) + "\n")
+        f.writelines(json.dumps(line) + "\n" for line in lines.values())
     os.replace(path + ".tmp", path)
 
 
@@ -134,7 +175,7 @@ def sweep(args, flags):
         sys.exit("sweep.py: error: no run left to do: every combination was refused")
     for run in runs:
         os.makedirs(run["folder"], exist_ok=True)
-        if finished(run):
+        if finished(run) or reuse_finished_twin(run, args.sweep_dir):
             run["status"] = "done"
     print(f"sweep in {args.sweep_dir}: {len(runs)} runs, "
           f"{sum(r['status'] == 'done' for r in runs)} already done", flush=True)

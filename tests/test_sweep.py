@@ -132,3 +132,37 @@ def test_variants_are_runs_of_their_own_and_rows_of_their_own(tmp_path, capsys):
     text = (tmp_path / "report.md").read_text()
     assert "| csf --critic inner | HalfCheetah | 1 | 1,600 | 30.0 (30–30) |" in text
     assert "| csf --critic mlp | HalfCheetah | 1 | 1,600 | 3.0 (3–3) |" in text
+
+
+def test_a_run_finished_in_a_sibling_sweep_is_linked_not_run_again(tmp_path):
+    flags = ["--total-env-steps", "800", *TINY]  # HalfCheetah with 2 envs: 400 env steps per epoch, 2 epochs
+    first = sweep.plan(["csf"], ["HalfCheetah"], [1], flags, str(tmp_path / "critic"), ["", "--critic mlp"])
+    for run, coverage in zip(first, (30, 3)):
+        run["status"] = "done"
+        write_run(run["folder"], [2, coverage], steps=(0, 800))
+    sweep.write_state(str(tmp_path / "critic"), first)
+    proc = run_sweep(tmp_path / "xi", "--agents", "csf", "--env-ids", "HalfCheetah", "--seeds", "1",
+                     "--variants", "--xi 5", "--xi 2", "--", *flags)  # ξ = 5 is the default: the first run again
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert "reused critic/csf_HalfCheetah_seed1 for `python csf.py --env-id HalfCheetah --seed 1 --xi 5 " in out
+    assert "2 runs, 1 already done" in out
+    assert os.path.islink(tmp_path / "xi" / "csf_xi-5_HalfCheetah_seed1")  # linked to the first sweep's run
+    assert not os.path.islink(tmp_path / "xi" / "csf_xi-2_HalfCheetah_seed1")  # another experiment: run here
+    assert not os.path.islink(tmp_path / "critic" / "csf_critic-mlp_HalfCheetah_seed1")
+    text = (tmp_path / "xi" / "report.md").read_text()
+    assert "| csf --xi 5 | HalfCheetah | 1 | 800 | 30.0 (30–30) |" in text
+    assert "| csf --xi 2 | HalfCheetah | 1 | 800 |" in text
+
+
+def test_two_commands_in_one_sweep_folder_keep_each_others_runs(tmp_path):
+    three_million = sweep.plan(["csf"], ["Ant"], [1, 2], ["--total-env-steps", "3000000"], str(tmp_path))
+    one_million = sweep.plan(["dads"], ["Ant"], [1], ["--total-env-steps", "1000000"], str(tmp_path))
+    sweep.write_state(str(tmp_path), three_million)
+    sweep.write_state(str(tmp_path), one_million)
+    three_million[1]["status"] = "done"
+    sweep.write_state(str(tmp_path), three_million)  # the first command again: its lines updated in their place
+    states = [json.loads(line) for line in (tmp_path / "sweep.jsonl").read_text().splitlines()]
+    assert [(s["agent"], s["seed"], s["status"]) for s in states] == [
+        ("csf", 1, "pending"), ("csf", 2, "done"), ("dads", 1, "pending")]
+    assert states[2]["command"] == "python dads.py --env-id Ant --seed 1 --total-env-steps 1000000"
