@@ -83,9 +83,15 @@ def plan(agents, env_ids, seeds, flags, sweep_dir, variants=("",)):
     return runs
 
 
+def agent_run_files(folder, name):
+    """The file `name` of the agent's run in `folder`: runs/<run_name>/name, not that of a hierarchical.py run
+    started there (runs/<task>__hierarchical_...)."""
+    return [p for p in glob.glob(os.path.join(folder, "runs", "*", name)) if "__hierarchical_" not in p]
+
+
 def read_evals(folder):
     """The eval.jsonl lines of the agent run in `folder`, [] if there is none yet."""
-    paths = glob.glob(os.path.join(folder, "runs", "*", "eval.jsonl"))
+    paths = agent_run_files(folder, "eval.jsonl")
     if not paths:
         return []
     with open(paths[0]) as f:
@@ -99,7 +105,7 @@ def finished(run):
 
 def command(run):
     """The run's command, with --resume when an earlier attempt left a checkpoint."""
-    checkpoints = glob.glob(os.path.join(run["folder"], "runs", "*", "checkpoint.pt"))
+    checkpoints = agent_run_files(run["folder"], "checkpoint.pt")
     return [sys.executable, os.path.join(ROOT, f"{run['agent']}.py"), *run["argv"],
             *(["--resume", checkpoints[0]] if checkpoints else [])]
 
@@ -228,7 +234,7 @@ def goal_and_hierarchical_results(folder):
     """goal_reaching.py's staying time (r = 3) and final distance for the run in `folder`, and the last
     "return (past 10)" of every hierarchical run started there, by task."""
     found = {}
-    for path in glob.glob(os.path.join(folder, "runs", "*", "goal_reaching.json")):
+    for path in agent_run_files(folder, "goal_reaching.json"):
         with open(path) as f:
             mean = json.load(f)["results"]["adaptive"]["mean"]
         found["goal staying time"], found["goal final distance"] = mean["staying_time_3"], mean["final_distance"]

@@ -166,3 +166,18 @@ def test_two_commands_in_one_sweep_folder_keep_each_others_runs(tmp_path):
     assert [(s["agent"], s["seed"], s["status"]) for s in states] == [
         ("csf", 1, "pending"), ("csf", 2, "done"), ("dads", 1, "pending")]
     assert states[2]["command"] == "python dads.py --env-id Ant --seed 1 --total-env-steps 1000000"
+
+
+def test_a_hierarchical_run_started_in_a_run_folder_is_reported_and_not_mistaken_for_the_agent(tmp_path):
+    folder = tmp_path / "csf_Ant_seed1"
+    write_run(folder, [4, 10, 30])
+    (folder / "runs" / "r" / "checkpoint.pt").write_bytes(b"agent")
+    high = folder / "runs" / "AntMultiGoal__hierarchical_csf__1__99"  # sorts before "r"
+    high.mkdir()
+    (high / "eval.jsonl").write_text(json.dumps({"env_steps": 50, "coverage": 0, "return_past10": 21.4}) + "\n")
+    (high / "checkpoint.pt").write_bytes(b"high level")
+    assert sweep.agent_run_files(str(folder), "eval.jsonl") == [str(folder / "runs" / "r" / "eval.jsonl")]
+    assert [e["coverage"] for e in sweep.read_evals(str(folder))] == [4, 10, 30]
+    run = {"agent": "csf", "argv": ["--env-id", "Ant"], "folder": str(folder)}
+    assert sweep.command(run)[-2:] == ["--resume", str(folder / "runs" / "r" / "checkpoint.pt")]
+    assert sweep.goal_and_hierarchical_results(str(folder)) == {"AntMultiGoal return (past 10)": 21.4}
