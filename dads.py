@@ -462,6 +462,13 @@ def main(args, ckpt=None):
             since_eval = {**window, "stats": [s.to(device) for s in window["stats"]], "start": time.time() - window["start"]}
         except (KeyError, RuntimeError, ValueError) as e:  # the state of another version of this script
             error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
+        # evaluations logged after this checkpoint (the run stopped before writing its next one) are done again
+        log_path = os.path.join(run_dir, "eval.jsonl")
+        if os.path.isfile(log_path):
+            with open(log_path) as f:
+                kept = [line for line in f if json.loads(line)["epoch"] <= start_epoch]
+            with open(log_path, "w") as f:
+                f.writelines(kept)
         print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
 
     def save_checkpoint(epoch):

@@ -557,6 +557,13 @@ def main(args, child_ckpt, ckpt=None):
             env.unwrapped.np_random.bit_generator.state = state
         window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
         since_eval = {**window, "stats": [s.to(device) for s in window["stats"]], "start": time.time() - window["start"]}
+        # evaluations logged after this checkpoint (the run stopped before writing its next one) are done again
+        log_path = os.path.join(run_dir, "eval.jsonl")
+        if os.path.isfile(log_path):
+            with open(log_path) as f:
+                kept = [line for line in f if json.loads(line)["epoch"] <= start_epoch]
+            with open(log_path, "w") as f:
+                f.writelines(kept)
         print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
 
     def save_checkpoint(epoch):

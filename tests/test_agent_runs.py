@@ -5,6 +5,7 @@ videos; --track (W&B offline) from the shell; --compile."""
 
 import glob
 import itertools
+import json
 import math
 import os
 import subprocess
@@ -84,15 +85,17 @@ def test_same_seed_same_numbers(agent, tiny_run, tmp_path):
 @pytest.mark.parametrize("agent", AGENTS, ids=name)
 def test_resume_between_evaluations_with_resume_alone_continues_exactly(agent, tiny_run, tmp_path):
     """The epoch-3 checkpoint lies between the evaluations at 2 and 4; `--resume PATH` with no other flag must
-    continue with the run's own flags (not the defaults) and reproduce epochs 4 and 5 exactly."""
+    continue with the run's own flags (not the defaults) and reproduce epochs 4 and 5 exactly. The run was killed
+    after logging its epoch-4 evaluation and before its next checkpoint: that evaluation is done again, not twice."""
     uninterrupted, copies = tiny_run(agent, *FIVE_EPOCHS)
-    # the run directory as it was when the epoch-3 checkpoint had just been written, as after a crash
+    # the run directory as it was when the epoch-4 evaluation had just been logged, as after a crash
     run_dir = tmp_path / "runs" / os.path.basename(uninterrupted)
     run_dir.mkdir(parents=True)
     (run_dir / "checkpoint.pt").write_bytes(copies[3])
     lines = read_evals(uninterrupted)
     (run_dir / "eval.jsonl").write_text("".join(
-        line for line, parsed in zip(open(os.path.join(uninterrupted, "eval.jsonl")), lines) if parsed["epoch"] <= 3))
+        line for line, parsed in zip(open(os.path.join(uninterrupted, "eval.jsonl")), lines) if parsed["epoch"] <= 3)
+        + json.dumps({**lines[2], "coverage": -1}) + "\n")  # epoch 4, as the killed run logged it (marked)
     args, ckpt = agent.parse_args(["--resume", str(run_dir / "checkpoint.pt")])
     assert args.hidden_dim == 16 and args.total_env_steps == 2000 and ckpt["epoch"] == 3
     assert ckpt["since_eval"]["grad_steps"] == 3  # epoch 2's updates, not yet reported

@@ -1,6 +1,7 @@
 """hierarchical.py: the action → skill mappings, GAE and the PPO loss on hand cases, a child that stays frozen, smoke
 runs of SAC (continuous and one-hot children) and PPO from tiny checkpoints the tests train, and bad input."""
 
+import json
 import math
 import os
 import subprocess
@@ -159,3 +160,18 @@ def test_ppo_over_a_dads_child_scales_its_actions(tmp_path):
     first, last = read_evals(run_dir)
     assert last["grad_steps"] == 2 and math.isfinite(last["policy_loss"])
     assert load(os.path.join(run_dir, "checkpoint.pt"))["child_agent"] == "dads"
+
+
+def test_resume_logs_each_evaluation_once(tiny_run, tmp_path):
+    """Killed after logging an evaluation and before its next checkpoint, a resumed run does that evaluation again
+    and logs it once."""
+    child_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    flags = ("--checkpoint", child_dir, "--task", "AntMultiGoal", "--learning-starts", "16", "--grad-steps-per-epoch",
+             "2", *TINY)
+    run_dir = run_agent(hierarchical, tmp_path, *flags, "--total-env-steps", "800")  # checkpoint at epoch 2
+    with open(os.path.join(run_dir, "eval.jsonl"), "a") as f:
+        f.write(json.dumps({**read_evals(run_dir)[-1], "epoch": 3, "return": -1.0}) + "\n")  # the killed run's epoch 3
+    assert run_agent(hierarchical, tmp_path, "--resume", os.path.join(run_dir, "checkpoint.pt"),
+                     "--total-env-steps", "1200") == run_dir
+    lines = read_evals(run_dir)
+    assert [line["epoch"] for line in lines] == [0, 1, 2, 3] and lines[-1]["return"] >= 0
