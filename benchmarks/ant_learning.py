@@ -96,9 +96,9 @@ def main():
         with open(os.path.join(args.sweep_dir, "sweep.jsonl")) as f:
             commands = [run["command"] for run in map(json.loads, f) if run["agent"] == args.agent
                         and run["env_id"] == "Ant" and run["seed"] in args.seeds and not run.get("variant")]
-        source = (", ".join(f"`{c}`" for c in commands) + f", run by `benchmarks/sweep.py` in "
-                  f"`{os.path.relpath(os.path.abspath(args.sweep_dir), ROOT)}`; table: `{command} --report-only "
-                  f"--sweep-dir {os.path.relpath(os.path.abspath(args.sweep_dir), ROOT)}`")
+        sweep_dir = os.path.relpath(os.path.abspath(args.sweep_dir), ROOT)
+        source = (", ".join(f"`{c}`" for c in commands) + f", run by `benchmarks/sweep.py` in `{sweep_dir}`; table: "
+                  f"`{command} --report-only --sweep-dir {sweep_dir}`")
     os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
     result_file = os.path.join(ROOT, "benchmarks", "results", f"{args.agent}_ant_{args.hidden_dim}.md")
     with open(result_file, "w") as f:

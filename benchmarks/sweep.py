@@ -13,8 +13,8 @@ same command again skips the runs that reached their budget and resumes the othe
 interrupted sweep (the machine rebooted, the job hit its time limit) is continued by repeating it. A run that a sibling
 sweep (another folder of the same parent) has already finished with the same arguments, once parsed, is not run again:
 its folder becomes a link to that run (the default variant that several ablation figures share, written `--xi 5` in
-one and `--critic inner` in another). Several commands may share one
---sweep-dir (one agent at another budget): sweep.jsonl keeps every command's runs, and the report shows them all.
+one and `--critic inner` in another). Several commands may share one --sweep-dir (one agent at another budget):
+sweep.jsonl keeps every command's runs, and the report shows them all.
 
 Backends, through submitit: `local` (default) runs --workers runs at once on this machine, one torch thread each
 unless --threads says otherwise; `slurm` submits every run as its own job (--partition, --gpus-per-run, --time in
