@@ -261,7 +261,7 @@ def report(sweep_dir):
                      for k in goal_and_hierarchical_results(run["folder"])})
     columns = ["agent", "env", "seeds", "env steps", "coverage, mean (min–max)", *extras]
     rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for (agent, env_id), members in sorted(groups.items()):
+    for (agent, env_id), members in groups.items():  # in sweep.jsonl's order: the command's --agents and --variants
         steps, mean, low, high = curves([evals for _, evals in members])
         ax = axes[0, env_ids.index(env_id)]
         line, = ax.plot(steps / 1e6, mean, label=agent)

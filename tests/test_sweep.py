@@ -30,7 +30,7 @@ def write_run(folder, coverages, steps=(0, 800, 1600)):
 
 def test_report_of_hand_made_runs(tmp_path):
     lines = []
-    for agent, seed, coverages in (("csf", 1, [4, 10, 30]), ("csf", 2, [4, 20, 50]), ("metra", 1, [5, 7, 9])):
+    for agent, seed, coverages in (("metra", 1, [5, 7, 9]), ("csf", 1, [4, 10, 30]), ("csf", 2, [4, 20, 50])):
         folder = f"{agent}_Ant_seed{seed}"
         write_run(tmp_path / folder, coverages)
         lines.append({"agent": agent, "env_id": "Ant", "seed": seed, "status": "done", "folder": folder,
@@ -42,6 +42,7 @@ def test_report_of_hand_made_runs(tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "| csf | Ant | 1, 2 | 1,600 | 40.0 (30–50) | 12 | 0.25 |" in text  # final distance, staying time
     assert "| metra | Ant | 1 | 1,600 | 9.0 (9–9) | – | – |" in text
+    assert text.index("| metra |") < text.index("| csf |")  # rows in the order of sweep.jsonl, as the command listed them
     assert (tmp_path / "report.png").stat().st_size > 0
     steps, mean, low, high = sweep.curves([[{"env_steps": 0, "coverage": 4}, {"env_steps": 800, "coverage": 10}],
                                            [{"env_steps": 0, "coverage": 6}]])
