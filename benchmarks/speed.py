@@ -3,9 +3,10 @@
     python benchmarks/speed.py                           # csf and metra on Ant, widths 256 and 1024 (about 30 min, 2 cores)
     python benchmarks/speed.py --baseline-rev 1a2b3c4    # also this checkout's eager path against that revision's
 
-Two tables, printed and written to benchmarks/results/speed_<device>.md:
+Two tables, printed and written to benchmarks/results/speed_<cpu|gpu>_<agents>.md:
   1. Where the time of an eager epoch goes (torch profiler, one thread, nothing else running): collection, replay
-     sampling, each step of the update, evaluation (at the paper's Ant period, one evaluation every 500 epochs).
+     sampling, each step of the update, evaluation (at the paper's Ant period, one evaluation every 500 epochs), and
+     the part of the epoch spent in matrix products.
   2. Pairs of runs side by side, one thread each, so that both see the same machine: this checkout's eager path
      against --compile (and against --baseline-rev's eager path). Each run is cut into short windows by its
      evaluations; the first window (first updates, any compilation) is dropped, and the table gives the medians
@@ -33,6 +34,7 @@ sys.path.insert(0, ROOT)
 PAPER_ENV_STEPS, STEPS_PER_EPOCH = 64_000_000, 8 * 200  # the paper's Ant run: 40k epochs of 8 × 200 steps
 SECTIONS = ("collection", "sampling", "phi step", "model step", "psi step", "qf step", "actor step", "alpha step",
             "evaluation")
+MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")  # the floor of an update with the same maths
 PAPER_EVAL_EVERY = 500  # epochs between evaluations on Ant
 WINDOWS = 6  # measured windows per run
 
@@ -98,7 +100,8 @@ def profile_epoch(agent_name, width, cuda):
     totals = {event.key: event.cpu_time_total / 1e6 for event in prof.key_averages() if event.key in SECTIONS}
     per_epoch = {section: totals[section] / epochs for section in SECTIONS if section in totals}
     per_epoch["evaluation"] = totals["evaluation"] / 2 / PAPER_EVAL_EVERY  # 2 evaluations (epoch 0 and the end)
-    return per_epoch
+    matrix_products = sum(event.self_cpu_time_total for event in prof.key_averages() if event.key in MATRIX_PRODUCTS)
+    return per_epoch, matrix_products / 1e6 / epochs
 
 
 def main():
@@ -121,16 +124,19 @@ def main():
 
     out = [f"# Speed on {device}", "", f"`python benchmarks/speed.py {' '.join(sys.argv[1:])}`".replace(" `", "`"), "",
            "## Where an eager epoch's time goes (seconds per epoch of 8 × 200 Ant steps, one thread)", "",
-           "| agent | width | " + " | ".join(SECTIONS) + " | total |", "|---|---|" + "---|" * (len(SECTIONS) + 1)]
+           "| agent | width | " + " | ".join(SECTIONS) + " | total | of which matrix products |",
+           "|---|---|" + "---|" * (len(SECTIONS) + 2)]
     for agent in args.agents:
         for width in args.widths:
             started = time.time()
-            shares = profile_epoch(agent, width, args.cuda)
+            shares, matrix_products = profile_epoch(agent, width, args.cuda)
             out.append(f"| {agent} | {width} | " + " | ".join(f"{shares[s]:.3f}" if s in shares else "–" for s in SECTIONS)
-                       + f" | {sum(shares.values()):.2f} |")
+                       + f" | {sum(shares.values()):.2f} | {matrix_products:.2f} |")
             print(out[-1], f"({time.time() - started:.0f} s)", flush=True)
     out += ["", "Sections nest no other section; the update's four steps include their optimizer steps. Evaluation is "
-            f"its cost spread over the {PAPER_EVAL_EVERY} epochs between two evaluations on Ant.", "",
+            f"its cost spread over the {PAPER_EVAL_EVERY} epochs between two evaluations on Ant. Matrix products are "
+            "the time inside every matrix product of the profiled epochs (most of it the update's), which no change "
+            "that keeps the same numbers can remove.", "",
             "## Side by side, one thread each", "",
             f"Medians over {WINDOWS} windows (the first window, with the first updates and any compilation, is not "
             "counted); env steps/s end to end, evaluation excluded.", "",
@@ -153,7 +159,7 @@ def main():
                                f"{result['ms_per_grad_step']:.1f} | {result['sps']:.0f} ({low:.0f}–{high:.0f}) | "
                                f"{result['sps'] / results[0]['sps']:.2f}× | {PAPER_ENV_STEPS / result['sps'] / 3600:.0f} |")
                     print(out[-1], flush=True)
-    path = os.path.join(ROOT, "benchmarks", "results", f"speed_{'gpu' if args.cuda else 'cpu'}.md")
+    path = os.path.join(ROOT, "benchmarks", "results", f"speed_{'gpu' if args.cuda else 'cpu'}_{'_'.join(args.agents)}.md")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
     print(f"wrote {path}")

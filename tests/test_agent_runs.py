@@ -3,6 +3,7 @@ checkpoints; the same seed gives the same numbers; a run resumed from a checkpoi
 exactly like the uninterrupted one; a NaN stops the run and leaves a checkpoint it can resume from; pixels;
 videos; --track (W&B offline) from the shell; --compile."""
 
+import copy
 import glob
 import itertools
 import json
@@ -80,6 +81,35 @@ def test_same_seed_same_numbers(agent, tiny_run, tmp_path):
     second = run_agent(agent, tmp_path, *FIVE_EPOCHS)
     assert without_timing(read_evals(second)) == without_timing(read_evals(first))
     assert_same_state(load(os.path.join(second, "checkpoint.pt")), load(os.path.join(first, "checkpoint.pt")))
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_eager_adam_is_foreach_and_steps_as_the_per_tensor_loop(agent, tiny_run):
+    """The eager path's Adam steps are foreach calls (a CPU's default is the per-tensor loop), and they move the
+    run's own parameters, from the run's own optimizer state, exactly as the loop does: the same numbers, bit for bit."""
+    run_dir, _ = tiny_run(agent, *FIVE_EPOCHS)
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    optimizers = [key for key in ckpt if key.endswith("_optimizer")]
+    assert optimizers
+    for key in optimizers:
+        group = ckpt[key]["param_groups"][0]
+        assert group["foreach"] is True and group["fused"] is False, key
+    network = NETWORKS[name(agent)][-1]  # the actor: its parameters, in the order its optimizer holds them
+    generator = torch.Generator().manual_seed(0)
+    grads = [[torch.randn(value.shape, generator=generator) for value in ckpt[network].values()] for _ in range(3)]
+    moved = []
+    for foreach in (True, False):
+        params = [value.clone().requires_grad_() for value in ckpt[network].values()]
+        optimizer = torch.optim.Adam(params, lr=1e-4, foreach=foreach)
+        optimizer.load_state_dict(copy.deepcopy(ckpt["actor_optimizer"]))  # it steps the loaded moments in place
+        optimizer.param_groups[0]["foreach"] = foreach
+        for step_grads in grads:
+            for param, grad in zip(params, step_grads):
+                param.grad = grad
+            optimizer.step()
+        moved.append(params)
+    assert all(torch.equal(a, b) for a, b in zip(*moved))
+    assert not all(torch.equal(a, b) for a, b in zip(moved[0], ckpt[network].values()))  # the steps moved them
 
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)
