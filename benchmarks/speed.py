@@ -1,7 +1,7 @@
 """Speed benchmark: where an epoch's time goes, and eager against --compile, for every agent and width.
 
-    python benchmarks/speed.py                           # csf and metra on Ant, widths 256 and 1024 (about 30 min, 2 cores)
-    python benchmarks/speed.py --baseline-rev 1a2b3c4    # also this checkout's eager path against that revision's
+    python benchmarks/speed.py                           # csf and metra on Ant, widths 256 and 1024 (about 15 min, 2 cores)
+    python benchmarks/speed.py --baseline-rev 1a2b3c4    # also this checkout's eager path against that revision's (25 min)
 
 Two tables, printed and written to benchmarks/results/speed_<cpu|gpu>_<agents>.md:
   1. Where the time of an eager epoch goes (torch profiler, one thread, nothing else running): collection, replay
@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 PAPER_ENV_STEPS, STEPS_PER_EPOCH = 64_000_000, 8 * 200  # the paper's Ant run: 40k epochs of 8 × 200 steps
 SECTIONS = ("collection", "sampling", "phi step", "model step", "psi step", "qf step", "actor step", "alpha step",
             "evaluation")
-MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")  # the floor of an update with the same maths
+MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")  # what an update with the same maths cannot leave out
 PAPER_EVAL_EVERY = 500  # epochs between evaluations on Ant
 WINDOWS = 6  # measured windows per run
 
@@ -135,8 +135,7 @@ def main():
             print(out[-1], f"({time.time() - started:.0f} s)", flush=True)
     out += ["", "Sections nest no other section; the update's four steps include their optimizer steps. Evaluation is "
             f"its cost spread over the {PAPER_EVAL_EVERY} epochs between two evaluations on Ant. Matrix products are "
-            "the time inside every matrix product of the profiled epochs (most of it the update's), which no change "
-            "that keeps the same numbers can remove.", "",
+            "the time inside every matrix product of the profiled epochs, most of it the update's.", "",
             "## Side by side, one thread each", "",
             f"Medians over {WINDOWS} windows (the first window, with the first updates and any compilation, is not "
             "counted); env steps/s end to end, evaluation excluded.", "",
