@@ -67,6 +67,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 AGENT = "cic"
 SKILL_DIMS = {"Ant": 64, "HalfCheetah": 64, "Quadruped": 64, "Humanoid": 64, "Kitchen": 64, "Robobin": 64}  # paper Table 4
+# CIC's own evaluation periods (--n_epochs_per_eval of the official scripts/pretrain/cic/*.sh) where they differ from
+# envs.ENV_SPECS (the CSF/METRA scripts'): HalfCheetah 500, not 1000. Ant, Quadruped, Humanoid, Kitchen and Robobin
+# are the same.
+EVAL_EVERY = {"HalfCheetah": 500}
 NUM_DPHI_SAMPLES = 10_000  # replay transitions behind the E‖Δφ‖² diagnostic
 NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 
@@ -95,8 +99,8 @@ class Args:
     hidden_dim: int = 1024
     """width of the two hidden layers of φ, g, h, Q and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
     eval_every: Optional[int] = None
-    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, Quadruped and Humanoid 125, Kitchen 250, Robobin
-    500); the last epoch is always evaluated"""
+    """epochs between evaluations (unset: the official CIC scripts' periods, Ant 500, HalfCheetah 500,
+    Quadruped and Humanoid 125, Kitchen 250, Robobin 500); the last epoch is always evaluated"""
     checkpoint_every: Optional[int] = None
     """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
     resume: Optional[str] = None
@@ -127,7 +131,8 @@ class Args:
     lr: float = 1e-4
     """Adam learning rate of φ, g and h (one optimizer), Q, π and log α"""
     alpha_init: float = 0.01
-    """initial entropy temperature α (tuned automatically towards entropy -|A|/2; fixed at it on Kitchen)"""
+    """initial entropy temperature α, tuned automatically towards entropy -|A|/2 on every env (the official CIC
+    scripts never fix it)"""
     compile: bool = False
     """torch.compile the three losses (forward and backward) and fuse each Adam step (same numbers as eager up to
     float rounding)"""
@@ -149,6 +154,15 @@ RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resum
 def error(message):
     """End the run with one line on stderr, no traceback."""
     sys.exit(f"cic.py: error: {message}")
+
+
+def finite(action, epoch):
+    """The policy's action as a numpy array for the envs, which refuse NaN and inf: if it has one, the networks
+    diverged in the last update (a NaN loss would show at the next), and the run ends with one line."""
+    action = action.cpu().numpy()
+    if not np.isfinite(action).all():
+        error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
+    return action
 
 
 def in_range(value, interval):
@@ -175,7 +189,8 @@ def parse_args(argv=None):
     spec = envs.ENV_SPECS[args.env_id]
     for flag, paper_value in (("skill_dim", SKILL_DIMS[args.env_id]), ("total_env_steps", spec.total_env_steps),
                               ("num_envs", spec.num_envs), ("grad_steps_per_epoch", spec.grad_steps_per_epoch),
-                              ("buffer_size", spec.buffer_size), ("eval_every", spec.eval_every)):
+                              ("buffer_size", spec.buffer_size),
+                              ("eval_every", EVAL_EVERY.get(args.env_id, spec.eval_every))):
         if getattr(args, flag) is None:
             setattr(args, flag, paper_value)
     if args.checkpoint_every is None:
@@ -454,18 +469,18 @@ def main(args, ckpt=None):
     # Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
     # env never resets on its own, so the observation after the last step is the final one (never a reset one).
     num_video_skills = min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
-    try:
+    try:  # a pixel world makes its render context at its first frame: the first reset
         train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)],
                                               autoreset_mode=gym.vector.AutoresetMode.DISABLED)
         eval_envs = gym.vector.SyncVectorEnv([
             lambda i=i: envs.make_env(args.env_id, "rgb_array" if i < num_video_skills else None)
             for i in range(args.num_eval_skills)], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        train_envs.reset(seed=args.seed)
+        eval_envs.reset(seed=args.seed + 10_000)
         if args.capture_video:
             eval_envs.envs[0].render()  # fail now, not at the first evaluation
     except envs.RenderUnavailable as e:
         error(e)
-    train_envs.reset(seed=args.seed)
-    eval_envs.reset(seed=args.seed + 10_000)
     observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
     action_dim = train_envs.single_action_space.shape[0]
     d = args.skill_dim
@@ -558,7 +573,7 @@ def main(args, ckpt=None):
         record(info)
         for _ in range(spec.horizon):
             action = actor.mode(torch.as_tensor(obs, device=device), skills.to(device))
-            obs, _, _, _, info = eval_envs.step(action.cpu().numpy())
+            obs, _, _, _, info = eval_envs.step(finite(action, epoch))
             record(info)
         coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
         env_steps = epoch * steps_per_epoch
@@ -672,7 +687,7 @@ def main(args, ckpt=None):
         observations, actions = [obs], []
         with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
-                action = actor.sample(torch.as_tensor(obs, device=device), skills)[0].cpu().numpy()
+                action = finite(actor.sample(torch.as_tensor(obs, device=device), skills)[0], epoch)
                 obs, _, terminated, truncated, _ = train_envs.step(action)
                 # never terminal, cut by the time limit exactly at the horizon: the buffer's trajectory layout
                 assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)

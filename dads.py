@@ -12,7 +12,7 @@ trajectories with one skill each, then, once `learning_starts` transitions are s
 `grad_steps_per_epoch` gradient steps. Each gradient step, on its own minibatch (spec §1.5, §2.6):
   1. model step: minimize -E[log q(BN_out(s' - s) | BN_in(s) ⊕ z)], q a Gaussian of unit standard deviation whose
      mean is an MLP; both batch norms in training mode (batch statistics; their running statistics move). BN_in
-     has affine parameters that no optimizer touches (1 and 0 forever); BN_out has none and momentum 0.01.
+     has affine parameters that no optimizer touches (1 and 0 forever); BN_out has none. Both have momentum 0.01.
   2. rewards from the model just updated, both batch norms in evaluation mode (running statistics), without
      gradient: with L = 100 alternative skills z_l ~ U[-1, 1]^3 per transition,
      r = log(L + 1) - log(1 + Σ_l exp(clip(log q(Δ|s, z_l) - log q(Δ|s, z), -50, 50))).
@@ -142,6 +142,15 @@ def error(message):
     sys.exit(f"dads.py: error: {message}")
 
 
+def finite(action, epoch):
+    """The policy's action as a numpy array for the envs, which refuse NaN and inf: if it has one, the networks
+    diverged in the last update (a NaN loss would show at the next), and the run ends with one line."""
+    action = action.cpu().numpy()
+    if not np.isfinite(action).all():
+        error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
+    return action
+
+
 def in_range(value, interval):
     """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
     low, high = (float(end) for end in interval[1:-1].split(","))
@@ -238,11 +247,12 @@ def mlp(in_dim, hidden_dim, out_dim, activation, init):
 class SkillDynamics(nn.Module):
     """q(Δ | s, z) = N(μ(BN_in(s) ⊕ z), I), Δ = BN_out(s' - s): the skill-dynamics model (ReLU MLP, Xavier-uniform;
     one Gaussian of fixed unit standard deviation, spec §2.6). BN_in's affine parameters are not the model's to
-    train (`trained_parameters` leaves them out); BN_out has none, momentum 0.01."""
+    train (`trained_parameters` leaves them out); BN_out has none. Both have momentum 0.01 (the official
+    `iod/iod.py: IOD.__init__` builds both with momentum=0.01), not PyTorch's default 0.1."""
 
     def __init__(self, obs_dim, skill_dim, hidden_dim):
         super().__init__()
-        self.input_norm = nn.BatchNorm1d(obs_dim)
+        self.input_norm = nn.BatchNorm1d(obs_dim, momentum=0.01)
         self.target_norm = nn.BatchNorm1d(obs_dim, affine=False, momentum=0.01)
         self.net = mlp(obs_dim + skill_dim, hidden_dim, obs_dim, nn.ReLU, nn.init.xavier_uniform_)
 
@@ -407,18 +417,18 @@ def main(args, ckpt=None):
     # Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
     # env never resets on its own, so the observation after the last step is the final one (never a reset one).
     num_video_skills = min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
-    try:
+    try:  # a pixel world makes its render context at its first frame: the first reset
         train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)],
                                               autoreset_mode=gym.vector.AutoresetMode.DISABLED)
         eval_envs = gym.vector.SyncVectorEnv([
             lambda i=i: envs.make_env(args.env_id, "rgb_array" if i < num_video_skills else None)
             for i in range(args.num_eval_skills)], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        train_envs.reset(seed=args.seed)
+        eval_envs.reset(seed=args.seed + 10_000)
         if args.capture_video:
             eval_envs.envs[0].render()  # fail now, not at the first evaluation
     except envs.RenderUnavailable as e:
         error(e)
-    train_envs.reset(seed=args.seed)
-    eval_envs.reset(seed=args.seed + 10_000)
     observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
     action_dim = train_envs.single_action_space.shape[0]
     d = args.skill_dim
@@ -503,7 +513,7 @@ def main(args, ckpt=None):
         record(info)
         for _ in range(spec.horizon):
             action = actor.mode(torch.as_tensor(obs, device=device), skills.to(device))
-            obs, _, _, _, info = eval_envs.step(action.cpu().numpy())
+            obs, _, _, _, info = eval_envs.step(finite(action, epoch))
             record(info)
         coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
         env_steps = epoch * steps_per_epoch
@@ -609,7 +619,7 @@ def main(args, ckpt=None):
         observations, actions = [obs], []
         with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
-                action = actor.sample(torch.as_tensor(obs, device=device), skills)[0].cpu().numpy()
+                action = finite(actor.sample(torch.as_tensor(obs, device=device), skills)[0], epoch)
                 obs, _, terminated, truncated, _ = train_envs.step(action)
                 # never terminal, cut by the time limit exactly at the horizon: the buffer's trajectory layout
                 assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)

@@ -149,6 +149,15 @@ def error(message):
     sys.exit(f"diayn.py: error: {message}")
 
 
+def finite(action, epoch):
+    """The policy's action as a numpy array for the envs, which refuse NaN and inf: if it has one, the networks
+    diverged in the last update (a NaN loss would show at the next), and the run ends with one line."""
+    action = action.cpu().numpy()
+    if not np.isfinite(action).all():
+        error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
+    return action
+
+
 def in_range(value, interval):
     """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
     low, high = (float(end) for end in interval[1:-1].split(","))
@@ -432,18 +441,18 @@ def main(args, ckpt=None):
     # Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
     # env never resets on its own, so the observation after the last step is the final one (never a reset one).
     num_video_skills = min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
-    try:
+    try:  # a pixel world makes its render context at its first frame: the first reset
         train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)],
                                               autoreset_mode=gym.vector.AutoresetMode.DISABLED)
         eval_envs = gym.vector.SyncVectorEnv([
             lambda i=i: envs.make_env(args.env_id, "rgb_array" if i < num_video_skills else None)
             for i in range(args.num_eval_skills)], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        train_envs.reset(seed=args.seed)
+        eval_envs.reset(seed=args.seed + 10_000)
         if args.capture_video:
             eval_envs.envs[0].render()  # fail now, not at the first evaluation
     except envs.RenderUnavailable as e:
         error(e)
-    train_envs.reset(seed=args.seed)
-    eval_envs.reset(seed=args.seed + 10_000)
     observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
     action_dim = train_envs.single_action_space.shape[0]
     d = args.skill_dim
@@ -528,7 +537,7 @@ def main(args, ckpt=None):
         record(info)
         for _ in range(spec.horizon):
             action = actor.mode(torch.as_tensor(obs, device=device), skills.to(device))
-            obs, _, _, _, info = eval_envs.step(action.cpu().numpy())
+            obs, _, _, _, info = eval_envs.step(finite(action, epoch))
             record(info)
         coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
         env_steps = epoch * steps_per_epoch
@@ -638,7 +647,7 @@ def main(args, ckpt=None):
         observations, actions = [obs], []
         with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
-                action = actor.sample(torch.as_tensor(obs, device=device), skills)[0].cpu().numpy()
+                action = finite(actor.sample(torch.as_tensor(obs, device=device), skills)[0], epoch)
                 obs, _, terminated, truncated, _ = train_envs.step(action)
                 # never terminal, cut by the time limit exactly at the horizon: the buffer's trajectory layout
                 assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)

@@ -1,41 +1,58 @@
-"""Environments shared by every cleanmisl agent, and the per-env facts the agents need.
+"""The worlds of the paper, their downstream tasks, and the per-env facts the cleanmisl agents need.
 
-State-based worlds (paper App. B, spec §3.1-3.2): Gym's Ant and HalfCheetah models (the copies that
-ship with gymnasium, "track" camera included), frame skip 5, observation = qpos ⊕ qvel with the global
-x (and y) kept, never terminating, 200-step horizon, and the fixed "preset" observation normalization
-of the official code (spec §1.10). Each env reports the coordinates used by the coverage metric in
-`info["coordinates"]`, raw (before normalization): Ant (x, y), HalfCheetah (x,).
+Every world and task is a gymnasium env with its time limit, registered as cleanmisl/<name>-v0: `make_env(name)`,
+`make_task(name)`, or gym.make("cleanmisl/<name>-v0") once this module is imported. None terminates; only the
+tasks have a reward. `info["coordinates"]` holds what the coverage metric counts.
 
-Pixel worlds (spec §3.3): DMC's Quadruped and Humanoid with the paper's changes (no walls/ball/terrain
-for the quadruped, a 15×15 floor painted with one colour gradient so absolute position shows in the
-COM-tracking camera). Observation = the last 3 frames of 64×64 RGB, stacked along channels oldest first,
-shape (64, 64, 9) uint8; action repeat 2, actions in [-1, 1], never terminating, 200-step horizon;
-`info["coordinates"]` = torso geom (x, y). `PixelEncoder` is the CNN every network puts in front of such
-observations (spec §1.9); `make_encoder` gives it, or an identity for state vectors.
+- Ant, HalfCheetah (paper App. B.2; the official envs/mujoco/): Gym's models (gymnasium's copies), frame skip 5,
+  observation qpos ⊕ qvel with the global x (and y) kept, normalized by the official code's fixed "preset"
+  statistics (iod/utils.py: get_normalizer_preset); 200 steps. Coordinates: raw (x, y), or x.
+- Quadruped, Humanoid (the official envs/custom_dmc_tasks/): DMC's bodies on the paper's floor, 15×15 m half-extent,
+  painted with one colour gradient so that the COM-tracking camera shows absolute position; action repeat 2;
+  200 steps. Coordinates: the torso geom's (x, y).
+- Kitchen (LEXA's kitchen.py over D4RL's kitchen_multitask_v0.py): the Franka kitchen under the official
+  end-effector control; 7-D actions; 50 steps. Coordinates: the success flags of its 6 tasks (KITCHEN_TASKS).
+- Robobin (LEXA's robobin.py over MetaWorld v1's sawyer_two_block_bin.py): a Sawyer arm, a green block in a red
+  bin and a yellow block in a blue bin; 4-D actions; 200 steps. Coordinates: the 9-D (hand, block, block) position.
+Pixel observations are the last 3 frames of 64×64 RGB, stacked along channels oldest first: (64, 64, 9) uint8.
+`PixelEncoder` is the CNN every network puts in front of them (`make_encoder`). `render()` gives 128×128 frames for
+videos (render_mode "rgb_array"). Zero-shot goals (paper App. B.4): `goal_observation(goal)`, or on Kitchen and
+Robobin `task_goal_observation(i)` and `task_success(i)`. Downstream tasks (paper App. B.5): `TASKS`, on a base
+world, with the task's dims after its observation.
 
-Manipulation worlds (spec §3.4-3.5), pixels as above, never terminating, one fixed start whatever the seed:
-Kitchen, D4RL's Franka kitchen (gymnasium-robotics' MJCF) under end-effector control, 7-D actions, 50-step
-horizon, `info["coordinates"]` = the 6 success flags of KITCHEN_TASKS; Robobin, a Sawyer arm with two blocks in
-a bin (built from metaworld's assets), 4-D actions, 200-step horizon, `info["coordinates"]` = the 9-D (hand,
-block 1, block 2) positions.
+Rendering is headless: OSMesa on a CPU, EGL on a machine with a GPU render node (MUJOCO_GL overrides). Frames come
+in two looks (`resolve_render_quality`; $CLEANMISL_RENDER or render_quality=): "official", as the official code
+drew them (shadows, 4× multisampling, 8× on Kitchen, floor reflections, Kitchen's visual arm meshes of 134k
+faces), and "fast", without any of these. The default is "official" on a GPU render node and "fast" elsewhere,
+because on a CPU the official look costs 11-68× more (benchmarks/render_quality.py, OSMesa, ms per 64×64 frame:
+Quadruped 50 against 3.0, Humanoid 54 against 3.2, Kitchen 823 against 12, Robobin 92 against 8.4). The fast frames
+differ from the official ones by 9-21 of 255 levels on average (10-33% of the pixels by more than 32): no
+shadows, no reflections, unsmoothed edges. Both looks see the same physics.
 
-All worlds come from `make_env(env_id, render_mode)`; `render()` gives a 128×128 RGB frame for videos,
-and `env.unwrapped.goal_observation(goal)` the zero-shot goal observation of spec §4.3 (Kitchen and Robobin:
-`task_goal_observation(i)` and `task_success(i)` for task i of KITCHEN_TASKS / ROBOBIN_TASKS).
-
-The downstream tasks of hierarchical control (spec §4.4) come from `make_task(task, render_mode)`, their
-facts from `TASKS`: a base world with task dims after its observation (raw: goal, or next hurdle) and the
-task's reward, on the base world's actions, dynamics and 200-step time limit. A pixel task's observation
-is {"pixels": stacked frames, "goal": (x, y)}; `make_encoder` gives its encoder too.
+Where the worlds depart from the official ones, which ran on MuJoCo 2.2.1 through dm_control:
+- Kitchen: gymnasium-robotics' copy of D4RL's kitchen scene, with the official end-effector file's mocap body and
+  weld added (its textures, wood1.png included, were not compared with the official files). MuJoCo 3's weld
+  resists rotation far less than 2.2.1's; a torque scale of 18.47 makes up for it (`_kitchen_model`). The first
+  step after a reset then moves link7 as 2.2.1 does, to the millimetre, and 50 zero-action steps drift it by
+  (-0.082, -0.137, +0.017) m, where 2.2.1 drifts (-0.121, -0.220, +0.080): same direction, 60-70% of the size.
+- Robobin, built anew from metaworld 3's Sawyer assets (`_robobin_model`): the hand gets 2.2.1's mass and inertia
+  (MuJoCo 3 computes 0.43 kg from its mesh, 2.2.1 computed 0.1847), the weld a torque scale of 5.89, and one
+  contact that only MuJoCo 3 reports (the arm's base against its first link's sphere) is excluded. The blocks are
+  placed at z = 0.046, where they rest, not at the official 0.04 inside the bin floor, which MuJoCo 3 lets them
+  fall through; so their height differs by up to 6 mm in the first 10 steps of an episode. The hand at reset is
+  1 mm from 2.2.1's. Success tests the task asked, where the official env always tests task 0 (see ROBOBIN_TASKS).
+- Quadruped, Humanoid: each env's initial states follow its own reset(seed), where the official workers seed
+  their DMC tasks with one seed and so repeat one sequence of initial states.
+- AntMultiGoal draws its whole goal chain in every episode (see TASKS).
 """
 
+import atexit
 import collections
 import ctypes
 import ctypes.util
 import dataclasses
 import functools
 import glob
-import hashlib
 import importlib.util
 import os
 import weakref
@@ -43,7 +60,8 @@ import xml.etree.ElementTree as ET
 
 # Headless rendering: MuJoCo picks its OpenGL backend when it is imported. EGL needs a GPU render node;
 # without one, OSMesa renders on the CPU (Debian/Ubuntu package libosmesa6).
-GL_BACKEND = os.environ.setdefault("MUJOCO_GL", "egl" if glob.glob("/dev/dri/renderD*") else "osmesa")
+GPU_RENDER_NODE = bool(glob.glob("/dev/dri/renderD*"))
+GL_BACKEND = os.environ.setdefault("MUJOCO_GL", "egl" if GPU_RENDER_NODE else "osmesa")
 GL_LIBRARIES = {"osmesa": ("OSMesa", "libosmesa6"), "egl": ("EGL", "libegl1")}  # backend: (library, package)
 
 
@@ -63,6 +81,8 @@ def _library_loads(name):
 # state-based worlds still work and the pixel worlds raise a clear error in make_env (see _gl_error).
 GL_MISSING = GL_BACKEND in GL_LIBRARIES and not _library_loads(GL_LIBRARIES[GL_BACKEND][0])
 os.environ["MUJOCO_GL"] = "disable" if GL_MISSING else GL_BACKEND
+if GL_BACKEND in GL_LIBRARIES:  # mujoco refuses a PyOpenGL platform other than its backend (a child process
+    os.environ["PYOPENGL_PLATFORM"] = GL_BACKEND  # inherits the parent's, e.g. osmesa under MUJOCO_GL=egl)
 import mujoco  # noqa: E402
 
 # dm_control only simulates here (Renderer below draws with mujoco's own GL bindings): import it without GL,
@@ -85,14 +105,15 @@ MODEL_DIR = os.path.join(os.path.dirname(gym.__file__), "envs", "mujoco", "asset
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
-    """The facts an agent needs about an env; an agent flag left unset takes these values (spec §1, §2.7)."""
+    """The facts an agent needs about an env; an agent flag left unset takes these values (the official
+    scripts/pretrain/*/*.sh)."""
 
     horizon: int  # env steps per trajectory
     num_envs: int  # trajectories collected per epoch
     grad_steps_per_epoch: int
     buffer_size: int  # replay capacity in transitions
-    eval_every: int  # epochs between evaluations (CSF/METRA scripts, spec §4.1)
-    total_env_steps: int  # training budget used for the paper's skill checkpoints (spec §1.1)
+    eval_every: int  # epochs between evaluations (the CSF/METRA scripts' n_epochs_per_eval)
+    total_env_steps: int  # training budget used for the paper's skill checkpoints (paper App. B.2)
     goal_range: float  # zero-shot goals are drawn from U(-goal_range, goal_range) per coordinate
     coord_dim: int  # 2 for (x, y), 1 for x only
     pixels: bool  # obs is a (64, 64, 3·frame_stack) uint8 image for PixelEncoder, not a state vector
@@ -108,7 +129,7 @@ ENV_SPECS = {
     "Robobin": EnvSpec(200, 10, 100, 300_000, 500, 4_800_000, 0.0, 9, pixels=True, frame_stack=3),
 }
 
-# Preset normalizer statistics of the official code, from 10k random rollouts (spec §1.10).
+# Preset normalizer statistics of the official code, from 10k random rollouts (iod/utils.py: get_normalizer_preset).
 # fmt: off
 ANT_MEAN = [0.00486117, 0.011312, 0.7022248, 0.8454677, -0.00102548, -0.00300276, 0.00311523, -0.00139029, 0.8607109, -0.00185301, -0.8556998, 0.00343217, -0.8585605, -0.00109082, 0.8558013, 0.00278213, 0.00618173, -0.02584622, -0.00599026, -0.00379596, 0.00526138, -0.0059213, 0.27686235, 0.00512205, -0.27617684, -0.0033233, -0.2766923, 0.00268359, 0.27756855]
 ANT_STD = [0.62473416, 0.61958003, 0.1717569, 0.28629342, 0.20020866, 0.20572574, 0.34922406, 0.40098143, 0.3114514, 0.4024826, 0.31057045, 0.40343934, 0.3110796, 0.40245822, 0.31100526, 0.81786263, 0.8166509, 0.9870919, 1.7525449, 1.7468817, 1.8596431, 4.502961, 4.4070187, 4.522444, 4.3518476, 4.5105968, 4.3704205, 4.5175962, 4.3704395]
@@ -117,9 +138,12 @@ CHEETAH_STD = [0.4039283, 0.07610687, 0.23817, 0.2515473, 0.2698137, 0.26374814,
 # fmt: on
 
 VIDEO_SIZE = 128  # render() frames, for videos
-FRAME_SIZE = 64  # pixel observations (spec §1.9)
+FRAME_SIZE = 64  # pixel observations
 FRAME_STACK = 3
-ACTION_REPEAT = 2  # pixel worlds (spec §3.3)
+# How frames are drawn (`resolve_render_quality`): "official", as the official code (shadows, multisampling, floor
+# reflections, Kitchen's visual arm meshes), or "fast", without them (several times faster on a CPU)
+RENDER_QUALITIES = ("official", "fast")
+ACTION_REPEAT = 2  # pixel worlds
 
 
 class RenderUnavailable(RuntimeError):
@@ -140,55 +164,62 @@ def _gl_error(reason):
 
 
 class Renderer:
-    """A size×size offscreen view through one camera, without shadows, multisampling or reflections.
+    """One offscreen render context for one world: square views of up to `max_size` pixels through a camera.
 
-    Speed of 64×64 frames on this 2-core CPU with OSMesa, measured while two training runs shared it
-    (so ±30%): DMC's default rendering (4× multisampling, 2048² shadow map) gives ~20 frames/s for either
-    world, this one 250-400 (shadows alone cost ~10×, multisampling ~1.5×; reflections nothing, as no floor
-    here reflects); EGL on Mesa's llvmpipe is about the same. A whole pixel env step (physics included)
-    then runs at 130-340 steps/s. The 64×64 images still show the floor gradient and the body clearly, so
-    every world renders this way (Ant/HalfCheetah videos included).
+    `quality` "official" draws as the official code did: the model's shadow map and multisampling, shadows and
+    reflections on. "fast" draws with none of them, several times faster on a CPU (the header gives the numbers).
+    The context is made on the first frame a world draws, never in an env's constructor: a context made before
+    a process forks (gymnasium's AsyncVectorEnv builds one env in the parent) hangs the forked workers.
 
     Unlike mujoco.Renderer (3.3), closing or garbage-collecting it frees its GL objects inside its own GL
-    context: mujoco.Renderer frees them in whichever context is current, i.e. in another env's renderer,
+    context: mujoco.Renderer frees them in whichever context is current, i.e. in another world's renderer,
     whose images then turn to garbage.
-
-    A render context holds a copy of the model's textures and meshes (Kitchen's: 200 MB with OSMesa), so the
-    envs of one process whose models are byte-identical share one Renderer (`MujocoEnv._frame`): 56 Kitchen
-    envs (8 training, 48 evaluation) otherwise take 12 GB. `render` draws any such model's `data`.
     """
 
-    def __init__(self, model, size):
+    def __init__(self, model, max_size, quality):
+        global _GL_PROCESS
         if GL_MISSING:
             raise RenderUnavailable(_gl_error(f"lib{GL_LIBRARIES[GL_BACKEND][0]} does not load"))
-        model.vis.quality.offsamples = 0  # no multisampling; read when the render context is made
-        model.vis.quality.shadowsize = 0  # no shadow map
+        if _GL_PROCESS not in (None, os.getpid()):  # OpenGL's state does not survive a fork: a context would hang
+            raise RenderUnavailable("cannot render in a process forked from one that has rendered; make the vector "
+                                    "env (or fork) before anything renders, or use AsyncVectorEnv(context='spawn')")
+        official = quality == "official"
+        visual = model.vis.quality
+        model_quality = visual.offsamples, visual.shadowsize
+        if not official:  # read once, when the context is made; the model itself is left as it was
+            visual.offsamples = visual.shadowsize = 0
         try:
-            self._gl = mujoco.GLContext(size, size)
+            self._gl = mujoco.GLContext(max_size, max_size)
             self._gl.make_current()
             self._context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_100)
         except Exception as err:  # the backend loaded, but no context could be made (e.g. EGL without a device)
             raise RenderUnavailable(_gl_error(f"{type(err).__name__}: {str(err).strip().splitlines()[0]}")) from err
+        finally:
+            visual.offsamples, visual.shadowsize = model_quality
+        _GL_PROCESS = os.getpid()
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._context)
         self._scene = mujoco.MjvScene(model, maxgeom=1000)
-        self._scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
-        self._scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        self._scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = official
+        self._scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = official
         self._option, self._camera = mujoco.MjvOption(), mujoco.MjvCamera()
         self._camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
-        self._rect = mujoco.MjrRect(0, 0, size, size)
-        self._pixels = np.empty((size, size, 3), np.uint8)
+        _LIVE_RENDERERS.add(self)
+        # EGL registers its own exit handler (eglTerminate) with its first context; re-registered here, ours runs first
+        atexit.unregister(_close_renderers)
+        atexit.register(_close_renderers)
 
-    def render(self, model, data, camera):
-        """The view of `data` through `camera`: the name of one of the model's cameras, or a free
-        mujoco.MjvCamera. `model` is the one this Renderer was made for, or a byte-identical copy."""
+    def render(self, model, data, camera, size):
+        """The size×size view of `data` through `camera`: the name of one of the model's cameras, or a free
+        mujoco.MjvCamera. `model` is the one this Renderer was made for, or an identical copy."""
         if isinstance(camera, str):
             self._camera.fixedcamid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, camera)
             camera = self._camera
         mujoco.mjv_updateScene(model, data, self._option, None, camera, mujoco.mjtCatBit.mjCAT_ALL, self._scene)
         self._gl.make_current()
-        mujoco.mjr_render(self._rect, self._scene, self._context)
-        mujoco.mjr_readPixels(self._pixels, None, self._rect, self._context)
-        return self._pixels[::-1].copy()  # OpenGL rows run bottom-up
+        rect, pixels = mujoco.MjrRect(0, 0, size, size), np.empty((size, size, 3), np.uint8)
+        mujoco.mjr_render(rect, self._scene, self._context)
+        mujoco.mjr_readPixels(pixels, None, rect, self._context)
+        return pixels[::-1].copy()  # OpenGL rows run bottom-up
 
     def close(self):
         if getattr(self, "_context", None) is not None:
@@ -200,41 +231,83 @@ class Renderer:
     __del__ = close
 
 
+# (world, quality) -> the Renderer the envs of that world share in this process, while one holds it. A render
+# context holds a copy of the model's textures and meshes (Kitchen's: 200 MB with OSMesa): 56 Kitchen envs
+# (8 training, 48 evaluation) would otherwise take 12 GB.
+_RENDERERS = weakref.WeakValueDictionary()
+_LIVE_RENDERERS = weakref.WeakSet()  # every open Renderer, closed at exit
+_GL_PROCESS = None  # the process that made the first render context
+
+
+def _close_renderers():
+    """Free every GL context at interpreter exit, before EGL's own exit handler terminates its display: a
+    context freed after that raises EGLError ("Exception ignored in Renderer.close")."""
+    for renderer in list(_LIVE_RENDERERS):
+        renderer.close()
+
+
+def resolve_render_quality(quality=None):
+    """The render quality to use: `quality` if given, else $CLEANMISL_RENDER, else "official" on a machine with
+    a GPU render node and "fast" without one. Raises RenderUnavailable (one line) for any other value."""
+    quality = quality or os.environ.get("CLEANMISL_RENDER") or ("official" if GPU_RENDER_NODE else "fast")
+    if quality not in RENDER_QUALITIES:
+        raise RenderUnavailable(f"unknown render quality {quality!r} (CLEANMISL_RENDER or render_quality); "
+                                f"choose one of {', '.join(RENDER_QUALITIES)}")
+    return quality
+
+
 class MujocoEnv(gym.Env):
     """What every world shares: `model`/`data` (raw MuJoCo), rendering from `camera` (a camera name of the
-    model, or a free mujoco.MjvCamera), no reward, no end."""
+    model, or a free mujoco.MjvCamera) with the renderer that the envs named `world_name` share, no reward, no end.
+
+    `render_mode`: None, or "rgb_array" for `render()` to give 128×128 frames (videos). Pixel worlds draw their
+    64×64 observations whatever the render mode. `render_quality`: see `resolve_render_quality`."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
     camera = "track"
 
-    def __init__(self, render_mode=None):
-        self.render_mode = render_mode
-        self._renderers = {}  # side length -> Renderer, found or made on first use
+    def __init__(self, world_name, render_mode=None, render_quality=None):
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(f"unsupported render_mode {render_mode!r}; choose None or "
+                             f"{', '.join(map(repr, self.metadata['render_modes']))}")
+        self.world_name, self.render_mode = world_name, render_mode
+        self.render_quality = resolve_render_quality(render_quality)
+        self._renderer = None  # found or made on the first frame
 
     def _frame(self, size):
-        if size not in self._renderers:
-            model_bytes = np.empty(mujoco.mj_sizeModel(self.model), np.uint8)
-            mujoco.mj_saveModel(self.model, None, model_bytes)
-            key = (hashlib.blake2b(model_bytes).digest(), size)
-            self._renderers[size] = _RENDERERS.get(key) or _RENDERERS.setdefault(key, Renderer(self.model, size))
-        return self._renderers[size].render(self.model, self.data, self.camera)
+        if self._renderer is None:
+            key = (self.world_name, self.render_quality)
+            self._renderer = _RENDERERS.get(key)
+            if self._renderer is None:
+                self._renderer = _RENDERERS[key] = Renderer(self.model, VIDEO_SIZE, self.render_quality)
+        return self._renderer.render(self.model, self.data, self.camera, size)
 
     def render(self):
+        if self.render_mode is None:
+            gym.logger.warn("render() needs render_mode='rgb_array' at construction; it returns None")
+            return None
         return self._frame(VIDEO_SIZE)
 
+    def _check_action(self, action):
+        """The action as a float array of the action space's shape; raises ValueError for another shape (as
+        gymnasium's MuJoCo envs do) or a NaN or infinite entry (MuJoCo would reset silently or raise deep inside)."""
+        action = np.asarray(action, dtype=np.float64)
+        if action.shape != self.action_space.shape:
+            raise ValueError(f"Action dimension mismatch. Expected {self.action_space.shape}, found {action.shape}")
+        if not np.isfinite(action).all():
+            raise ValueError(f"action must be finite, got {action}")
+        return action
+
     def close(self):
-        self._renderers.clear()  # a Renderer no env holds any more frees itself
-
-
-# (model bytes digest, side length) -> the Renderer that the envs with such a model share, while one holds it
-_RENDERERS = weakref.WeakValueDictionary()
+        self._renderer = None  # a Renderer no env holds any more frees itself
 
 
 class LocomotionEnv(MujocoEnv):
     """A MuJoCo body on an open floor: obs = normalize(qpos ⊕ qvel), never terminates."""
 
-    def __init__(self, xml_file, obs_mean, obs_std, coord_dim, render_mode=None, frame_skip=5):
-        super().__init__(render_mode)
+    def __init__(self, world_name, xml_file, obs_mean, obs_std, coord_dim, render_mode=None, render_quality=None,
+                 frame_skip=5):
+        super().__init__(world_name, render_mode, render_quality)
         self.model = self._load_model(os.path.join(MODEL_DIR, xml_file))
         self.data = mujoco.MjData(self.model)
         self.frame_skip = frame_skip
@@ -259,7 +332,7 @@ class LocomotionEnv(MujocoEnv):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        # Gym's reset noise: qpos0 + U(-0.1, 0.1), qvel 0.1 N(0, 1) (spec §3.1)
+        # Gym's reset noise: qpos0 + U(-0.1, 0.1), qvel 0.1 N(0, 1)
         mujoco.mj_resetData(self.model, self.data)
         self.data.qpos[:] = self.model.qpos0 + self.np_random.uniform(-0.1, 0.1, self.model.nq)
         self.data.qvel[:] = 0.1 * self.np_random.standard_normal(self.model.nv)
@@ -267,27 +340,44 @@ class LocomotionEnv(MujocoEnv):
         return self._obs(), self._info()
 
     def step(self, action):
-        self.data.ctrl[:] = np.clip(action, self.action_space.low, self.action_space.high)
+        self.data.ctrl[:] = np.clip(self._check_action(action), self.action_space.low, self.action_space.high)
         mujoco.mj_step(self.model, self.data, nstep=self.frame_skip)
         return self._obs(), 0.0, False, False, self._info()  # skill discovery ignores the env reward
 
     def goal_observation(self, goal):
-        """Zero-shot goal (spec §4.3): a fresh reset state with its x (, y) replaced by `goal`, normalized.
+        """Zero-shot goal (paper App. B.4): a fresh reset state with its x (, y) replaced by `goal`, normalized.
         Leaves the env mid-episode: reset it before the next episode."""
         self.reset()
         self.data.qpos[: self.coord_dim] = goal
         return self._obs()
 
 
-# ---------------------------------------------------------------- pixel worlds (DMC, spec §3.3)
+class AntEnv(LocomotionEnv):
+    """Gym's Ant (the official envs/mujoco/ant_env.py): 29-D observation (x, y kept), 8-D actions, coordinates
+    (x, y)."""
+
+    def __init__(self, render_mode=None, render_quality=None):
+        super().__init__("Ant", "ant.xml", ANT_MEAN, ANT_STD, 2, render_mode, render_quality)
+
+
+class HalfCheetahEnv(LocomotionEnv):
+    """Gym's HalfCheetah (the official envs/mujoco/half_cheetah_env.py): 18-D observation (x kept), 6-D actions,
+    coordinate x."""
+
+    def __init__(self, render_mode=None, render_quality=None):
+        super().__init__("HalfCheetah", "half_cheetah.xml", CHEETAH_MEAN, CHEETAH_STD, 1, render_mode, render_quality)
+
+
+# ---------------------------------------------------------------- pixel worlds (DMC)
 
 
 def _pixel_world_xml(xml):
-    """The paper's floor: 15×15 half-extent, material "mygrid" = one 300×300 texture spread once over it."""
+    """The paper's floor: 15×15 half-extent, material "mygrid" = one 300×300 texture spread once over it (not
+    texuniform), reflectance 0.2 (the official quadruped_color.xml and humanoid_color.xml)."""
     root = ET.fromstring(xml)
     asset = ET.SubElement(root, "asset")
     ET.SubElement(asset, "texture", name="mygrid", type="2d", builtin="flat", width="300", height="300")
-    ET.SubElement(asset, "material", name="mygrid", texture="mygrid", texrepeat="1 1")  # not texuniform
+    ET.SubElement(asset, "material", name="mygrid", texture="mygrid", texrepeat="1 1", reflectance="0.2")
     floor = root.find(".//geom[@name='floor']")
     floor.set("material", "mygrid")
     floor.set("size", "15 15 " + floor.get("size").split()[2])  # Humanoid 100×100 -> 15×15
@@ -355,10 +445,13 @@ class _PoseTask(base.Task):
 
 class PixelEnv(MujocoEnv):
     """A world seen through `camera`: obs = the last 3 64×64 RGB frames, stacked along channels oldest first
-    (spec §1.9), shape (64, 64, 9) uint8."""
+    (the official frame stack), shape (64, 64, 9) uint8. The render context is made on the first frame (see Renderer); a
+    missing GL library fails here, in the constructor."""
 
-    def __init__(self, render_mode=None):
-        super().__init__(render_mode)
+    def __init__(self, world_name, render_mode=None, render_quality=None):
+        super().__init__(world_name, render_mode, render_quality)
+        if GL_MISSING:
+            raise RenderUnavailable(_gl_error(f"lib{GL_LIBRARIES[GL_BACKEND][0]} does not load"))
         self.observation_space = gym.spaces.Box(0, 255, (FRAME_SIZE, FRAME_SIZE, 3 * FRAME_STACK), np.uint8)
         self._frames = collections.deque(maxlen=FRAME_STACK)
 
@@ -376,15 +469,16 @@ class PixelEnv(MujocoEnv):
         return self._obs()
 
     def _goal_obs(self):
-        """A zero-shot goal image (spec §4.3): the current view tiled 3 times along channels."""
+        """A zero-shot goal image (paper App. B.4): the current view tiled 3 times along channels."""
         return np.concatenate([self._frame(FRAME_SIZE)] * FRAME_STACK, axis=-1)
 
 
 class DMCPixelEnv(PixelEnv):
     """A DMC body seen by its COM-tracking camera."""
 
-    def __init__(self, xml, assets, set_pose, control_timestep, camera, goal_settle_steps, render_mode=None):
-        super().__init__(render_mode)
+    def __init__(self, world_name, xml, assets, set_pose, control_timestep, camera, goal_settle_steps,
+                 render_mode=None, render_quality=None):
+        super().__init__(world_name, render_mode, render_quality)
         self.physics = dm_mujoco.Physics.from_xml_string(_pixel_world_xml(xml), assets)
         self.model, self.data = self.physics.model.ptr, self.physics.data.ptr
         _paint_floor_gradient(self.model)
@@ -399,10 +493,10 @@ class DMCPixelEnv(PixelEnv):
         self._ctrl_low, self._ctrl_high = spec.minimum, spec.maximum
         self.action_space = gym.spaces.Box(-1.0, 1.0, spec.shape, np.float32)  # mapped onto the spec bounds
         self._torso = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_GEOM, "torso")
-        self._frame(FRAME_SIZE)  # make the GL context now, so a missing backend fails inside make_env
 
     def _info(self):
-        # torso geom (x, y) (spec §3.3); it sits on the root body's origin, so it also equals qpos[0:2]
+        # torso geom (x, y) (the official wrappers.py: DMCGymWrapper.step); it sits on the root body's origin, so
+        # it also equals qpos[0:2]
         return {"coordinates": self.data.geom_xpos[self._torso, :2].copy()}
 
     def reset(self, *, seed=None, options=None):
@@ -412,12 +506,12 @@ class DMCPixelEnv(PixelEnv):
         return self._first_obs(), self._info()
 
     def step(self, action):
-        action = np.clip(action, -1.0, 1.0)
+        action = np.clip(self._check_action(action), -1.0, 1.0)
         self._env.step(self._ctrl_low + (action + 1.0) * (self._ctrl_high - self._ctrl_low) / 2)
         return self._next_obs(), 0.0, False, False, self._info()
 
     def goal_observation(self, goal):
-        """Zero-shot goal (spec §4.3): reset, move the root to (x, y) = `goal`, settle with zero actions
+        """Zero-shot goal (paper App. B.4): reset, move the root to (x, y) = `goal`, settle with zero actions
         (Quadruped 1 step, Humanoid 50), and tile that one frame 3 times along channels. Leaves the env
         mid-episode: reset it before the next episode."""
         self.reset()
@@ -428,9 +522,26 @@ class DMCPixelEnv(PixelEnv):
         return self._goal_obs()
 
 
-# ---------------------------------------------------------------- manipulation worlds (spec §3.4, §3.5)
+class QuadrupedEnv(DMCPixelEnv):
+    """DMC's quadruped without walls, ball, target, terrain and rangefinders, its floor 15×15 as in its XML
+    (the official quadruped.py: run_forward_color): 0.02 s control step, 12-D actions, camera "y" (id 2), a side
+    view following the COM."""
 
-ARM_STATE = mujoco.mjtState.mjSTATE_INTEGRATION  # everything the next mj_step reads, mocap poses included
+    def __init__(self, render_mode=None, render_quality=None):
+        super().__init__("Quadruped", quadruped.make_model(), common.ASSETS, _quadruped_pose, 0.02, "y", 1,
+                         render_mode, render_quality)
+
+
+class HumanoidEnv(DMCPixelEnv):
+    """DMC's humanoid (the official humanoid.py: run_color): 0.025 s control step, 21-D actions, camera "back"
+    (id 0), behind the COM."""
+
+    def __init__(self, render_mode=None, render_quality=None):
+        super().__init__("Humanoid", *humanoid.get_model_and_assets(), _humanoid_pose, 0.025, "back", 50,
+                         render_mode, render_quality)
+
+
+# ---------------------------------------------------------------- manipulation worlds
 
 
 def _package_dir(name):
@@ -446,50 +557,46 @@ def _free_camera(distance, lookat, azimuth, elevation):
     return camera
 
 
-class ArmEnv(PixelEnv):
-    """A robot arm moved through a mocap body among objects, seen by a free camera. Every episode starts
-    from the same state `_start` whatever the seed (spec §3.4-3.5). A subclass sets `_start` (see `_save`)
-    and defines `_act(action)`, the physics of one env step, and `_coordinates()`."""
+def _physics_step(model, data):
+    """One physics step as dm_control's Physics.step takes it, which the official Kitchen and Robobin run on:
+    mj_step2, then mj_step1. Positions read after it belong to the new state, and a mocap pose written before
+    it acts one step later (mj_step2 uses the constraint rows that mj_step1 built before the pose changed)."""
+    mujoco.mj_step2(model, data)
+    mujoco.mj_step1(model, data)
 
-    def __init__(self, model, frame_skip, camera, action_dim, render_mode=None):
-        super().__init__(render_mode)
+
+class ArmEnv(PixelEnv):
+    """A robot arm moved through a mocap body among objects, seen by a free camera. Every episode starts from the
+    same state whatever the seed, as officially (no reset noise). A subclass defines `_reset_physics()`,
+    `_act(action)` (the physics of one env step, taken with `_physics_step`) and `_coordinates()`."""
+
+    def __init__(self, world_name, model, frame_skip, camera, action_dim, render_mode=None, render_quality=None):
+        super().__init__(world_name, render_mode, render_quality)
         self.model, self.data = model, mujoco.MjData(model)
         self.frame_skip, self.camera = frame_skip, camera
         self.action_space = gym.spaces.Box(-1.0, 1.0, (action_dim,), np.float32)
         self.metadata = {**self.metadata, "render_fps": round(1 / (frame_skip * model.opt.timestep))}
-
-    def _save(self):
-        state = np.empty(mujoco.mj_stateSize(self.model, ARM_STATE))
-        mujoco.mj_getState(self.model, self.data, state, ARM_STATE)
-        return state
-
-    def _restore(self, state):
-        mujoco.mj_setState(self.model, self.data, state, ARM_STATE)
-        mujoco.mj_forward(self.model, self.data)
 
     def _info(self):
         return {"coordinates": self._coordinates()}
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self._restore(self._start)
+        self._reset_physics()
         return self._first_obs(), self._info()
 
     def step(self, action):
-        self._act(np.clip(action, -1.0, 1.0))
-        # mj_step leaves positions one sub-step behind qpos; recompute them for the frame and the coordinates
-        # (this changes no state that the next mj_step reads)
-        mujoco.mj_kinematics(self.model, self.data)
+        self._act(np.clip(self._check_action(action), -1.0, 1.0))
         return self._next_obs(), 0.0, False, False, self._info()
 
 
 KITCHEN_TASKS = ("BottomBurner", "LightSwitch", "SlideCabinet", "HingeCabinet", "Microwave", "Kettle")
-# Each task's goal configuration (LEXA's, spec §3.4): qpos indices and their values
+# Each task's goal configuration (LEXA's kitchen.py): qpos indices and their values
 KITCHEN_GOALS = (([9, 10], [-0.88, -0.01]), ([17, 18], [-0.69, -0.05]), ([19], [0.37]), ([20, 21], [0.0, 0.5]),
                  ([22], [-0.5]), ([23, 24, 25], [-0.23, 0.75, 1.62]))
 # The kitchen's start, D4RL's: the arm in its initial pose, knobs off, light off, doors closed, the kettle on
-# the bottom-left burner. The numbers are `init_qpos` of gymnasium_robotics/envs/franka_kitchen/kitchen_env.py
-# (gymnasium-robotics 1.4.2), the same as D4RL's and LEXA's kitchen.
+# the bottom-left burner. The numbers are `init_qpos` of D4RL's kitchen_multitask_v0.py, which LEXA and
+# gymnasium-robotics copy. Finger 1 (0.048) starts above its 0.04 limit; the kettle's quaternion is not unit.
 # fmt: off
 KITCHEN_QPOS = [
     1.48388023e-01, -1.76848573e00, 1.84390296e00, -2.47685760e00, 2.60252026e-01, 7.12533105e-01, 1.59515394e00,
@@ -501,7 +608,7 @@ KITCHEN_QPOS = [
 
 
 def kitchen_successes(qpos):
-    """The success tests of KITCHEN_TASKS on a kitchen qpos (spec §3.4), 1.0 or 0.0 each."""
+    """The success tests of KITCHEN_TASKS on a kitchen qpos (LEXA's kitchen.py: compute_success), 1.0 or 0.0 each."""
     return np.array([
         qpos[9] < -0.38,  # bottom-right burner knob turned
         qpos[17] < -0.25,  # light switch on
@@ -512,75 +619,95 @@ def kitchen_successes(qpos):
     ], dtype=np.float64)
 
 
-@functools.cache  # one model for every Kitchen env of a process (31 MB of textures): no env writes to it
-def _kitchen_model():
-    """gymnasium-robotics' Franka kitchen MJCF, the arm driven through a mocap body instead of its joint
-    actuators: the 7 arm actuators are removed (their position targets would fight the mocap), the 2 finger
-    actuators stay, and a mocap body "mocap" is welded to the end-effector site (between the fingertips).
-    The arm is drawn with its collision meshes."""
+def zyz_euler_angles(quat):
+    """The z-y-z Euler angles (α, β, γ) of a unit quaternion (w, x, y, z) = exp(α ẑ/2)·exp(β ŷ/2)·exp(γ ẑ/2),
+    as numpy-quaternion's `as_euler_angles` computes them (the official Kitchen's `quat_to_rpy`)."""
+    w, x, y, z = quat
+    half_sum, half_difference = np.arctan2(z, w), np.arctan2(-x, y)  # (α + γ)/2 and (α − γ)/2
+    beta = 2 * np.arccos(min(1.0, np.sqrt((w * w + z * z) / (w * w + x * x + y * y + z * z))))  # min: never NaN
+    return np.array([half_sum + half_difference, beta, half_sum - half_difference])
+
+
+def zyz_quaternion(angles):
+    """The unit quaternion (w, x, y, z) of z-y-z Euler angles (α, β, γ): the inverse of `zyz_euler_angles`
+    (numpy-quaternion's `from_euler_angles`, the official Kitchen's `rpy_to_quat`)."""
+    alpha, beta, gamma = angles
+    return np.array([np.cos(beta / 2) * np.cos((alpha + gamma) / 2), -np.sin(beta / 2) * np.sin((alpha - gamma) / 2),
+                     np.sin(beta / 2) * np.cos((alpha - gamma) / 2), np.cos(beta / 2) * np.sin((alpha + gamma) / 2)])
+
+
+@functools.cache  # one model per look for every Kitchen env of a process (31 MB of textures): no env writes to it
+def _kitchen_model(visual_meshes):
+    """The official end-effector-control kitchen (franka_kitchen_ee_ctrl.xml): gymnasium-robotics' copy of D4RL's
+    Franka kitchen MJCF, with the official file's mocap body welded to panda0_link7. Everything else stays as
+    the official file has it: the 7 arm joint position servos (kp 870/120, their targets left at 0), the 2
+    finger servos, no gravity compensation. `visual_meshes` False draws the arm with its collision meshes
+    (about 300 faces a link instead of 134k in all; see the header): the physics is the same, since the
+    visual geoms have no mass and no contacts."""
     spec = mujoco.MjSpec.from_file(os.path.join(
         _package_dir("gymnasium_robotics"), "envs", "assets", "kitchen_franka", "kitchen_assets",
         "kitchen_env_model.xml"))
-    for actuator in list(spec.actuators):
-        if actuator.target.startswith("robot:panda0_joint"):
-            actuator.delete()
-    # The arm's visual meshes have 134k faces, which make a frame 3× slower to draw on the CPU (OSMesa): draw
-    # the arm with its collision meshes instead (about 300 faces a link; the fingers' visual mesh already is
-    # one). At 64×64 the two look alike.
-    for geom in spec.geoms:
-        geom.meshname = geom.meshname.replace("_viz", "_col")
-    for mesh in list(spec.meshes):
-        if mesh.name.endswith("_viz"):
-            mesh.delete()
-    spec.worldbody.add_body(name="mocap", mocap=True).add_site(name="mocap")
-    weld = spec.add_equality(type=mujoco.mjtEq.mjEQ_WELD, objtype=mujoco.mjtObj.mjOBJ_SITE,
-                             name1="mocap", name2="end_effector")
-    # anchor, pose of the end effector relative to the mocap (none), torque scale. The wrist joints are 10× less
-    # damped than the shoulder ones: with the default torque scale 1 the hand turns by 0.1-0.3 rad per step
-    # while it translates, with 10 by 0.01-0.07.
-    weld.data[:] = [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 10]
-    # The mocap target follows the hand, so nothing holds the arm up against gravity: uncompensated, the hand
-    # sinks 3.6 cm in 10 zero-action steps.
-    for i in range(1, 8):
-        spec.body(f"panda0_link{i}").gravcomp = 1
+    spec.worldbody.add_body(name="mocap", mocap=True)
+    weld = spec.add_equality(name="mocap_weld", type=mujoco.mjtEq.mjEQ_WELD, objtype=mujoco.mjtObj.mjOBJ_BODY,
+                             name1="mocap", name2="panda0_link7")
+    weld.solref, weld.solimp = [0.02, 1], [0.9, 0.95, 0.001, 0.5, 2]
+    if not visual_meshes:
+        for geom in spec.geoms:
+            geom.meshname = geom.meshname.replace("_viz", "_col")
+        for mesh in list(spec.meshes):
+            if mesh.name.endswith("_viz"):
+                mesh.delete()
     model = spec.compile()
+    # Weld data: anchor; link7's pose in the mocap frame, none (the official reset_mocap_welds); torque scale.
+    # MuJoCo 3's weld resists rotation far less than 2.2.1's: with torque scale 1, 50 zero-action steps turn
+    # link7 by 124° where 2.2.1 turns it 5.5°. √(link7's rotational / translational invweight0) = 18.47 makes
+    # link7's orientation follow 2.2.1's to 0.4° on average over 50-step rollouts.
+    link7 = model.body("panda0_link7").id
+    torque_scale = np.sqrt(model.body_invweight0[link7, 1] / model.body_invweight0[link7, 0])
+    model.eq_data[model.equality("mocap_weld").id] = [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, torque_scale]
     # the XML asks for a 2560×1920 offscreen buffer (40 MB per render context); frames here are 128×128 at most
     model.vis.global_.offwidth = model.vis.global_.offheight = VIDEO_SIZE
     return model
 
 
 class KitchenEnv(ArmEnv):
-    """D4RL's Franka kitchen (spec §3.4), gymnasium-robotics' MJCF, under end-effector (mocap) control.
+    """D4RL's Franka kitchen under the official end-effector control (the official
+    kitchen_multitask_v0.py `step`), from gymnasium-robotics' MJCF (`_kitchen_model`).
 
-    Action (7, in [-1, 1]), held for 40 sub-steps of 2 ms; at each sub-step the mocap is put at the end
-    effector's current position + 0.05·a[0:3] m, with its current orientation turned by the roll-pitch-yaw
-    angles 0.05·a[3:6] rad about the world x, y, z axes, and both fingers get the position target
-    0.02·(1 + a[6]) m (-1 closed, +1 fully open). Camera: free, distance 1.86, lookat (-0.3, 0.5, 2.0),
-    azimuth 90, elevation -60. `info["coordinates"]`: `kitchen_successes` of the current state.
+    Action (7, clipped to [-1, 1]). Once per env step: the target orientation q* = zyz_quaternion(E − a[3:6]),
+    E the z-y-z Euler angles of link7 now (so a3 turns about the world z axis, a4 about the middle y axis, a5
+    about link7's own z axis), and the finger servo targets (a6, −a6), which the servos clamp to [0, 0.04] m:
+    a6 > 0 opens finger 1 only, a6 < 0 finger 2 only. Then each of 40 sub-steps of 2 ms puts the mocap at
+    link7's current pose plus 0.05·a[0:3] m and 5% of the raw quaternion gap q* − q (not renormalized; MuJoCo
+    normalizes it), and takes one physics step. The target thus leads link7 and never holds it: with a = 0 the
+    arm drifts under gravity and under its joint servos, whose targets stay at 0.
+
+    Reset: the official order, with no forward after the mocap is put on link7, so the first sub-step pulls
+    link7 towards the mocap's place at reset (the origin): the first zero-action step moves link7 by 9 cm.
+    Camera: free, distance 1.86, lookat (-0.3, 0.5, 2.0), azimuth 90, elevation -60.
+    `info["coordinates"]`: `kitchen_successes` of the current state.
     """
 
-    def __init__(self, render_mode=None):
-        super().__init__(_kitchen_model(), 40, _free_camera(1.86, (-0.3, 0.5, 2.0), 90, -60), 7, render_mode)
-        self._ee = self.model.site("end_effector").id
-        self.data.qpos[:] = KITCHEN_QPOS
-        mujoco.mj_kinematics(self.model, self.data)
-        self.data.mocap_pos[0], self.data.mocap_quat[0] = self.data.site_xpos[self._ee], self._ee_quat()
-        self._start = self._save()
-        self._frame(FRAME_SIZE)  # make the GL context now, so a missing backend fails inside make_env
+    def __init__(self, render_mode=None, render_quality=None):
+        quality = resolve_render_quality(render_quality)
+        super().__init__("Kitchen", _kitchen_model(visual_meshes=quality == "official"), 40,
+                         _free_camera(1.86, (-0.3, 0.5, 2.0), 90, -60), 7, render_mode, quality)
+        self._link7 = self.model.body("panda0_link7").id
 
-    def _ee_quat(self):
-        quat = np.empty(4)
-        mujoco.mju_mat2Quat(quat, self.data.site_xmat[self._ee])
-        return quat
+    def _reset_physics(self):
+        mujoco.mj_resetData(self.model, self.data)
+        self.data.qpos[:] = KITCHEN_QPOS
+        mujoco.mj_forward(self.model, self.data)  # the weld's rows now hold the mocap at the origin
+        self.data.mocap_pos[0], self.data.mocap_quat[0] = self.data.xpos[self._link7], self.data.xquat[self._link7]
 
     def _act(self, action):
-        turn = np.empty(4)
-        mujoco.mju_euler2Quat(turn, 0.05 * action[3:6], "XYZ")  # upper case: about the fixed world axes
-        self.data.ctrl[:] = 0.02 * (1 + action[6])
+        target = zyz_quaternion(zyz_euler_angles(self.data.xquat[self._link7]) - action[3:6])
+        self.data.ctrl[7:9] = action[6], -action[6]  # the arm's servo targets, ctrl[0:7], stay 0
         for _ in range(self.frame_skip):
-            self.data.mocap_pos[0] = self.data.site_xpos[self._ee] + 0.05 * action[:3]
-            mujoco.mju_mulQuat(self.data.mocap_quat[0], turn, self._ee_quat())
-            mujoco.mj_step(self.model, self.data)
+            position, orientation = self.data.xpos[self._link7], self.data.xquat[self._link7]
+            self.data.mocap_pos[0] = position + 0.05 * action[:3]
+            self.data.mocap_quat[0] = orientation + 0.05 * (target - orientation)
+            _physics_step(self.model, self.data)
 
     def _coordinates(self):
         return kitchen_successes(self.data.qpos)
@@ -590,10 +717,10 @@ class KitchenEnv(ArmEnv):
         return bool(kitchen_successes(self.data.qpos)[task])
 
     def task_goal_observation(self, task):
-        """KITCHEN_TASKS[task]'s goal image (spec §3.4, §4.3): the start with that task's object joints at their
-        goal values, at rest, tiled 3 times along channels. Leaves the env there: reset it before the next
-        episode."""
-        self._restore(self._start)
+        """KITCHEN_TASKS[task]'s goal image (the official `render_goal`): the start with that task's
+        object joints at their goal values, at rest, the arm at its start pose, tiled 3 times along channels.
+        Leaves the env there: reset it before the next episode."""
+        self._reset_physics()
         joints, values = KITCHEN_GOALS[task]
         self.data.qpos[joints] = values
         mujoco.mj_forward(self.model, self.data)
@@ -601,86 +728,220 @@ class KitchenEnv(ArmEnv):
 
 
 ROBOBIN_TASKS = ("ReachLeft", "ReachRight", "PushFront", "PushBack")
-# 9-D states (hand, block 1, block 2 xyz): the start, and each task's goal (LEXA's, spec §3.5)
+# 9-D states (hand, block 1, block 2 xyz): the start, and each task's goal (LEXA's robobin.py:
+# get_robobin_benchmark_goals). Block 1 is the green block "obj" in the red bin, block 2 the yellow "obj2" in the
+# blue bin.
 ROBOBIN_START = np.array([0.0, 0.6, 0.2, -0.1, 0.7, 0.04, 0.1, 0.7, 0.04])
 ROBOBIN_GOALS = np.array([
     [0.12, 0.75, 0.10, -0.1, 0.7, 0.04, 0.1, 0.7, 0.04],
-    [-0.10, 0.85, 0.10, -0.1, 0.7, 0.04, 0.1, 0.7, 0.04],
+    [-0.10, 0.85, 0.10, -0.1, 0.7, 0.04, 0.1, 0.7, 0.04],  # y 0.85: outside the workspace, as officially
     [0.0, 0.65, 0.2, -0.1, 0.7, 0.04, 0.1, 0.85, 0.04],
     [0.0, 0.65, 0.2, -0.1, 0.55, 0.04, 0.1, 0.7, 0.04],
 ])
-MOCAP_LOW, MOCAP_HIGH = np.array([-0.5, 0.40, 0.07]), np.array([0.5, 0.8, 0.5])  # the hand's workspace
-HAND_QUAT = (1.0, 0.0, 1.0, 0.0)  # metaworld's mocap orientation: the gripper points down
+MOCAP_LOW, MOCAP_HIGH = np.array([-0.5, 0.40, 0.07]), np.array([0.5, 0.8, 0.5])  # the mocap's workspace
+HAND_QUAT = np.array([0.0, -np.sqrt(0.5), np.sqrt(0.5), 0.0])  # the front-facing gripper's mocap orientation
+# The blocks' height when placed. Officially 0.04, 6 mm into the bin floor: MuJoCo 2.2.1 pushes them up to rest at
+# 0.046 within about 10 steps, but MuJoCo 3 finds no contact between a box and a floor slab inside it, and they
+# sink through it onto the table. 0.046 is where they rest in both.
+BLOCK_Z = 0.046
 
-# The one place where our Robobin differs from the official one: task success. The official env tests the
-# reach-or-push branch on its own goal index, always 0, instead of the task asked (spec §5.10), so every
-# "success" there means "hand within 0.1 of ReachLeft's hand target". We test the task asked, as intended.
+# The one place where our Robobin's rules differ from the official ones: task success. The official env tests the
+# reach-or-push branch on its own goal index, always 0, instead of the task asked (sawyer_two_block_bin.py:
+# compute_reward), so every "success" there means "hand within 0.1 of ReachLeft's hand target". We test the task
+# asked, as intended.
+
+# v1's invisible collision spheres on the arm, which metaworld 3 comments out (sawyer_xyz_base_ffg.xml): body,
+# centre, radius, alpha-0 colour, whether it collides
+_SAWYER_SPHERES = [
+    ("right_l0", [0.08, 0, 0.23], 0.07, [0.5, 0.1, 0.1, 0], True),
+    ("head", [0, 0, 0.08], 0.18, [0.5, 0.1, 0.1, 0], True),
+    ("screen", [0, 0, 0], 0.001, [0.2, 0.2, 0.2, 0], True),
+    ("right_l1", [0, 0, 0.1225], 0.07, [0.5, 0.1, 0.1, 0], True),
+    ("right_l3", [0, -0.01, -0.12], 0.06, [0.5, 0.1, 0.1, 0], True),
+    ("right_l5", [0, 0, 0.1], 0.06, [0.5, 0.1, 0.1, 0], True),
+    ("right_l4_2", [0, 0.01, 0.26], 0.06, [0.2, 0.2, 0.2, 0], False),
+    ("right_l2_2", [0, 0, 0.26], 0.06, [0.2, 0.2, 0.2, 0], False),
+]
+
+
+def _sawyer_arm(assets):
+    """v1's Sawyer arm (sawyer_xyz_base_ffg.xml) as an MjSpec: metaworld 3's arm (objects/assets/xyz_base.xml,
+    the same meshes) with metaworld 3's changes undone, and v1's front-facing gripper in place of its own."""
+    spec = mujoco.MjSpec.from_string(f"""<mujoco>
+      <include file="{assets}/objects/assets/xyz_base_dependencies.xml"/>
+      <worldbody><include file="{assets}/objects/assets/xyz_base.xml"/></worldbody>
+    </mujoco>""")
+    for mesh in spec.meshes:  # the include resolves "../objects/meshes/..." from the wrong folder
+        mesh.file = os.path.join(assets, "objects", "meshes", "xyz_base", os.path.basename(mesh.file))
+    # metaworld 3's class "xyz_base" gives the joints armature 0.001 (v1: 0.1) and makes the arm's primitive
+    # geoms contact-free (v1: contype = conaffinity = 1, group 0, but for the torso, screen and pedestal feet)
+    for body in [spec.body("base"), *spec.body("base").find_all(mujoco.mjtObj.mjOBJ_BODY)]:
+        body.childclass = "main"
+    for joint in spec.body("base").find_all(mujoco.mjtObj.mjOBJ_JOINT):
+        joint.armature = 0.1
+    for geom in spec.body("base").find_all(mujoco.mjtObj.mjOBJ_GEOM):
+        if geom.type != mujoco.mjtGeom.mjGEOM_MESH and geom.parent.name not in ("torso", "screen", "pedestal_feet"):
+            geom.contype, geom.conaffinity, geom.group = 1, 1, 0
+    for body, pos, radius, rgba, collides in _SAWYER_SPHERES:
+        spec.body(body).add_geom(pos=pos, size=[radius, 0, 0], rgba=rgba, contype=collides, conaffinity=collides)
+    # The l0 sphere rests exactly on the base's cylinder: MuJoCo 3 reports a contact there (distance -6e-17, with
+    # kilonewtons of forces that do no work), 2.2.1 never did
+    spec.add_exclude(bodyname1="right_arm_base_link", bodyname2="right_l0")
+
+    # v1's front-facing gripper: body "hand" 0.12 m out from the wrist flange, with the eGripperBase mesh, and
+    # "grippers", turned to face forward, with the rail and the 2 claws
+    spec.detach_body(spec.body("hand"))
+    right_hand = spec.body("right_hand")
+    next(g for g in right_hand.geoms if g.type == mujoco.mjtGeom.mjGEOM_MESH).delete()  # v1 has it on "hand"
+    hand = right_hand.add_body(name="hand", pos=[0, 0, 0.12])
+    # MuJoCo 3 finds 0.43 kg in the mesh, MuJoCo 2.2.1 found 0.1847 kg with the same centre and axes: 2.2.1's
+    hand.explicitinertial, hand.mass = True, 0.1846708
+    hand.ipos, hand.iquat = [-0.0050823, -0.00044416, -0.0656179], [-0.4577838, 0.4463001, 0.5506285, 0.5367108]
+    hand.inertia = [1.701648e-4, 1.560499e-4, 6.307094e-5]
+    arm_red, white = [0.5, 0.1, 0.1, 1], [1, 1, 1, 1]
+    hand.add_geom(type=mujoco.mjtGeom.mjGEOM_MESH, meshname="eGripperBase", pos=[0, 0, -0.09], quat=[0, 0, 0, 1],
+                  group=1, rgba=arm_red)
+    grippers = hand.add_body(name="grippers", quat=[-1, 0, 1, 0])
+    grippers.add_geom(name="rail", type=mujoco.mjtGeom.mjGEOM_BOX, pos=[-0.05, 0, 0], size=[0.005, 0.055, 0.005],
+                      density=7850, rgba=[0.5, 0.5, 0.5, 1], friction=[2, 0.1, 0.002])
+    claw_size = [0.045, 0.003, 0.015]
+    # side, the claw's y (its pad sits 3 mm further in), its slide joint and range (+a3 closes both)
+    for side, y, joint, limits in [("right", -0.05, "r_close", [0, 0.04]), ("left", 0.05, "l_close", [-0.03, 0])]:
+        claw = grippers.add_body(name=f"{side}claw", pos=[0, y, 0])
+        claw.add_geom(type=mujoco.mjtGeom.mjGEOM_BOX, size=claw_size, condim=4, margin=0.001, rgba=white)
+        claw.add_joint(name=joint, type=mujoco.mjtJoint.mjJNT_SLIDE, axis=[0, 1, 0], range=limits,
+                       limited=mujoco.mjtLimited.mjLIMITED_TRUE, armature=100, damping=1000)
+        pad = claw.add_body(name=f"{side}pad", pos=[0, -0.06 * y, 0])
+        pad.add_geom(type=mujoco.mjtGeom.mjGEOM_BOX, size=claw_size, condim=4, margin=0.001, rgba=white,
+                     solref=[0.01, 1], solimp=[0.9, 0.9, 0.01, 0.5, 2], friction=[2, 0.1, 0.002])
+    return spec
+
+
+def _add_bin(spec, name, x, rgba, floor_solref):
+    """One bin of sawyer_two_block_bin_ffg.xml: a static body with a 2 mm floor slab, 4 walls 6 cm high and 4
+    corner posts. Its inside spans x ± 0.15, y 0.5-0.9, above its floor's top at z = 0.026."""
+    body = spec.worldbody.add_body(name=name, pos=[x, 0.7, 0.02])
+    box = mujoco.mjtGeom.mjGEOM_BOX
+    body.add_geom(type=box, pos=[0, 0, 0.005], size=[0.15, 0.2, 0.001], mass=1000, rgba=rgba, solref=floor_solref)
+    for pos, size in [([0, 0.2, 0.034], [0.15, 0.001, 0.03]), ([0, -0.2, 0.034], [0.15, 0.001, 0.03]),
+                      ([0.15, 0, 0.034], [0.001, 0.2, 0.03]), ([-0.151, 0, 0.034], [0.001, 0.2, 0.03])]:
+        body.add_geom(type=box, pos=pos, size=size, mass=1000, rgba=rgba, solref=[0.01, 1],
+                      solimp=[0.99, 0.99, 0.01, 0.5, 2])
+    for cx, cy in [(0.148, 0.198), (0.148, -0.198), (-0.148, 0.198), (-0.148, -0.198)]:
+        body.add_geom(type=mujoco.mjtGeom.mjGEOM_CAPSULE, fromto=[cx, cy, 0.0075, cx, cy, 0.06], size=[0.005, 0, 0],
+                      rgba=rgba)
 
 
 @functools.cache  # one model for every Robobin env of a process: no env writes to it
 def _robobin_model():
-    """Metaworld's bin-picking scene (Sawyer arm, mocap weld, 2 claw actuators, table) with its bins and
-    object replaced by one red bin centred at (0, 0.7) (walls 0.5 × 0.44 m apart, 6 cm high, floor top at
-    z = 0.02) holding two green 4 cm blocks, "block1" and "block2", on free joints."""
-    spec = mujoco.MjSpec.from_file(os.path.join(
-        _package_dir("metaworld"), "assets", "sawyer_xyz", "sawyer_bin_picking.xml"))
-    for name in ("obj", "bin_start", "bin_goal"):
-        spec.detach_body(spec.body(name))
-    # anchor, pose of the hand relative to the mocap (none), torque scale: metaworld's reset_mocap_welds
-    spec.equalities[0].data[:] = [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 5]
-    box = mujoco.mjtGeom.mjGEOM_BOX
-    tray = spec.worldbody.add_body(name="bin", pos=[0, 0.7, 0])
-    tray.add_geom(type=box, pos=[0, 0, 0.01], size=[0.25, 0.22, 0.01], material="bin_red")
-    for pos, size in [([0, -0.22, 0.03], [0.25, 0.005, 0.03]), ([0, 0.22, 0.03], [0.25, 0.005, 0.03]),
-                      ([-0.25, 0, 0.03], [0.005, 0.22, 0.03]), ([0.25, 0, 0.03], [0.005, 0.22, 0.03])]:
-        tray.add_geom(type=box, pos=pos, size=size, material="bin_red")
-    for name in ("block1", "block2"):
-        block = spec.worldbody.add_body(name=name)
-        block.add_freejoint()
-        block.add_geom(type=box, size=[0.02] * 3, material="obj_green")
-        # explicit: the scene computes inertias from geom groups 4-5 only, and these geoms are in group 0
-        block.mass, block.inertia, block.explicitinertial = 0.1, [0.1 * 0.04**2 / 6] * 3, True
-    return spec.compile()
+    """The official Robobin scene (sawyer_two_block_bin_ffg.xml with sawyer_xyz_base_ffg.xml and
+    shared_config.xml), built from metaworld 3's assets: the Sawyer arm with v1's front-facing gripper and its
+    mocap weld, a table, a red bin at x = -0.16 holding the green block "obj" and a blue bin at x = +0.16
+    holding the yellow block "obj2". qpos: arm hinges 0-6, claws r_close 7 and l_close 8, the blocks' free
+    joints 9-15 and 16-22."""
+    assets = os.path.join(_package_dir("metaworld"), "assets")
+    spec = _sawyer_arm(assets)
+    # shared_config.xml: options (integrator Euler and gravity at their defaults), geom default, light, sky
+    spec.option.timestep, spec.option.iterations, spec.option.tolerance = 0.0025, 50, 1e-10
+    spec.option.solver, spec.option.jacobian = mujoco.mjtSolver.mjSOL_NEWTON, mujoco.mjtJacobian.mjJAC_DENSE
+    spec.option.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
+    spec.compiler.inertiagrouprange = [0, 5]  # metaworld 3 takes geom inertias from groups 4-5 only
+    v1_solimp = [1, 1, 0, 0.5, 2]  # <default><geom solimp="1 1 0">, for the geoms above and those added below
+    for geom in spec.geoms:
+        geom.solimp = v1_solimp
+    spec.default.geom.solimp = v1_solimp
+    spec.visual.headlight.ambient = [0.5, 0.5, 0.5]
+    spec.add_texture(type=mujoco.mjtTexture.mjTEXTURE_SKYBOX, builtin=mujoco.mjtBuiltin.mjBUILTIN_GRADIENT,
+                     rgb1=[0.5, 0.495, 0.48], rgb2=[0.5, 0.495, 0.48], width=32, height=32)  # flat grey
+    for pos in ([1, 1, 4], [-3, -3, 4]):  # sawyer_xyz_base_ffg.xml: 2 point lights, no shadows
+        spec.worldbody.add_light(pos=pos, dir=[0, -0.15, -1], directional=False, castshadow=False,
+                                 diffuse=[0.8, 0.8, 0.8], specular=[0.3, 0.3, 0.3])
+    # the table top, with v1's light_wood_v3 material
+    spec.add_texture(name="light_wood_v3", type=mujoco.mjtTexture.mjTEXTURE_2D,
+                     file=os.path.join(assets, "textures", "light_wood_v3.png"))
+    wood = spec.add_material(name="light_wood_v3", shininess=0.1, specular=0.4)
+    wood.textures[mujoco.mjtTextureRole.mjTEXROLE_RGB] = "light_wood_v3"
+    spec.worldbody.add_geom(name="tableTop", type=mujoco.mjtGeom.mjGEOM_PLANE, pos=[0, 0.6, 0], size=[0.4, 0.4, 0.5],
+                            rgba=[0.6, 0.6, 0.5, 1], friction=[2, 0.1, 0.002], material="light_wood_v3")
+    # sawyer_two_block_bin_ffg.xml: 4 cm cubes of 10 g on free joints, with an inertia of 1e5 (they cannot
+    # turn), the bins and the 2 claw servos (kp 400, targets in [-1, 1])
+    for name, x, rgba in [("obj", -0.16, [0, 1, 0, 1]), ("obj2", 0.16, [0.8, 0.8, 0.1, 1])]:
+        block = spec.worldbody.add_body(name=name, pos=[x, 0.7, BLOCK_Z], explicitinertial=True, mass=0.01,
+                                        ipos=[0, 0, 0], inertia=[1e5, 1e5, 1e5])
+        block.add_freejoint(name=f"{name}joint")
+        block.add_geom(name=f"{name}Geom", type=mujoco.mjtGeom.mjGEOM_BOX, size=[0.02] * 3, rgba=rgba, condim=4,
+                       friction=[1, 0.1, 0.002], solref=[0.01, 1], solimp=[0.99, 0.99, 0.01, 0.5, 2])
+    _add_bin(spec, "bin_start", -0.16, [1, 0.3, 0.3, 1], floor_solref=[0.02, 1])
+    _add_bin(spec, "bin_goal", 0.16, [0.3, 0.3, 1, 1], floor_solref=[0.01, 1])
+    for joint in ("r_close", "l_close"):
+        servo = spec.add_actuator(target=joint, trntype=mujoco.mjtTrn.mjTRN_JOINT, ctrlrange=[-1, 1],
+                                  ctrllimited=mujoco.mjtLimited.mjLIMITED_TRUE, biastype=mujoco.mjtBias.mjBIAS_AFFINE)
+        servo.gainprm[0], servo.biasprm[1] = 400, -400
+    spec.add_equality(name="mocap_weld", type=mujoco.mjtEq.mjEQ_WELD, objtype=mujoco.mjtObj.mjOBJ_BODY,
+                      name1="mocap", name2="hand", solref=[0.02, 1])
+    model = spec.compile()
+    # Weld data as in Kitchen's model (no anchor, the hand's pose that of the mocap: reset_mocap_welds), its torque
+    # scale the same rule: √(the hand's rotational / translational invweight0) = 5.89. Over 100 random steps the
+    # hand's orientation error then matches 2.2.1's (mean 0.064°, max 0.69°), its path within 0.55 mm over 200.
+    hand = model.body("hand").id
+    torque_scale = np.sqrt(model.body_invweight0[hand, 1] / model.body_invweight0[hand, 0])
+    model.eq_data[model.equality("mocap_weld").id] = [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, torque_scale]
+    return model
 
 
 class RobobinEnv(ArmEnv):
-    """A Sawyer arm with two blocks in a bin (spec §3.5), built from metaworld's assets (`_robobin_model`).
+    """MetaWorld v1's SawyerTwoBlockBinEnv with the front-facing gripper, as LEXA sets it up (the
+    official sawyer_xyz_env.py and sawyer_two_block_bin.py), on `_robobin_model`.
 
-    Action (4, in [-1, 1]): the mocap moves by 0.01·a[0:3] m, clipped to the workspace MOCAP_LOW-MOCAP_HIGH,
-    and the claws get metaworld's targets (a[3], -a[3]) (+1 closes, -1 opens); then 5 sub-steps of 2.5 ms.
-    Camera: free, distance 1.4, lookat (0, 0.65, 0), azimuth 90, elevation 221 (so upside down), every frame
-    flipped horizontally and vertically. `info["coordinates"]`: hand (body "hand"), block 1, block 2 xyz.
+    Action (4, clipped to [-1, 1]): the mocap moves by 0.01·a[0:3] m from where it is (it accumulates, is not
+    re-anchored to the hand) and is clipped to the workspace MOCAP_LOW-MOCAP_HIGH; its orientation is set to
+    HAND_QUAT; the claws get the servo targets (a3, -a3) (+1 closes, -1 opens); then 5 sub-steps of 2.5 ms.
+    Reset: the official one: mj_resetData, then 10 × [mocap at the hand's start (0, 0.6, 0.2), claws open, 5
+    sub-steps] (the hand ends about 5 cm short of it, the arm still moving at up to 4 rad/s), then the blocks
+    put at rest at their start, their z raised to BLOCK_Z. Camera: free, distance 1.4, lookat (0, 0.65, 0),
+    azimuth 90, elevation 221 (so upside down), every frame turned 180°: the table seen from its far side,
+    world +x on the image's left. `info["coordinates"]`: the hand (body "hand"), block 1, block 2 xyz.
     """
 
-    def __init__(self, render_mode=None):
-        super().__init__(_robobin_model(), 5, _free_camera(1.4, (0, 0.65, 0), 90, 221), 4, render_mode)
-        self._hand, self._block1, self._block2 = (self.model.body(n).id for n in ("hand", "block1", "block2"))
-        self._place(ROBOBIN_START)
-        self._start = self._save()
-        self._frame(FRAME_SIZE)  # make the GL context now, so a missing backend fails inside make_env
+    def __init__(self, render_mode=None, render_quality=None):
+        super().__init__("Robobin", _robobin_model(), 5, _free_camera(1.4, (0, 0.65, 0), 90, 221), 4, render_mode,
+                         render_quality)
+        self._hand = self.model.body("hand").id
+        self._blocks = [self.model.geom("objGeom").id, self.model.geom("obj2Geom").id]
+        joints = [self.model.joint(name).id for name in ("objjoint", "obj2joint")]
+        self._block_qpos, self._block_qvel = self.model.jnt_qposadr[joints], self.model.jnt_dofadr[joints]
 
     def _frame(self, size):
         return np.ascontiguousarray(super()._frame(size)[::-1, ::-1])
 
     def _place(self, state):
-        """Put the hand and the blocks at the 9-D `state`, at rest, claws open: hold the mocap at the hand
-        position for 100 env steps (the arm moves there from where it is), then put the blocks in place."""
-        self.data.mocap_pos[0], self.data.mocap_quat[0] = state[:3], HAND_QUAT
-        self.data.ctrl[:] = -1.0, 1.0
-        mujoco.mj_step(self.model, self.data, nstep=100 * self.frame_skip)
-        for body, pos in [(self._block1, state[3:6]), (self._block2, state[6:9])]:
-            adr = self.model.jnt_qposadr[self.model.body_jntadr[body]]
-            self.data.qpos[adr : adr + 7] = [*pos, 1.0, 0.0, 0.0, 0.0]
-        self.data.qvel[:] = 0.0
+        """The official reset_model, towards the 9-D `state`: the hand driven to state[:3] for 10 × 5 sub-steps
+        from wherever the arm is (the mocap there unclipped, claws open), then the blocks put at rest at
+        state[3:9], z raised to BLOCK_Z (their orientations, and the arm's velocities, left as they are)."""
+        for _ in range(10):
+            self.data.mocap_pos[0], self.data.mocap_quat[0] = state[:3], HAND_QUAT
+            self.data.ctrl[:] = -1.0, 1.0
+            for _ in range(self.frame_skip):
+                _physics_step(self.model, self.data)
+        for qpos, qvel, pos in zip(self._block_qpos, self._block_qvel, (state[3:6], state[6:9])):
+            self.data.qpos[qpos : qpos + 3] = pos[0], pos[1], BLOCK_Z
+            self.data.qvel[qvel : qvel + 6] = 0.0
         mujoco.mj_forward(self.model, self.data)
+
+    def _reset_physics(self):
+        mujoco.mj_resetData(self.model, self.data)
+        mujoco.mj_forward(self.model, self.data)  # the weld's rows now hold the mocap at the origin
+        self._place(ROBOBIN_START)
 
     def _act(self, action):
         self.data.mocap_pos[0] = np.clip(self.data.mocap_pos[0] + 0.01 * action[:3], MOCAP_LOW, MOCAP_HIGH)
+        self.data.mocap_quat[0] = HAND_QUAT
         self.data.ctrl[:] = action[3], -action[3]
-        mujoco.mj_step(self.model, self.data, nstep=self.frame_skip)
+        for _ in range(self.frame_skip):
+            _physics_step(self.model, self.data)
 
     def _coordinates(self):
-        return self.data.xpos[[self._hand, self._block1, self._block2]].ravel()
+        return np.concatenate([self.data.xpos[self._hand], *self.data.geom_xpos[self._blocks]])
 
     def task_success(self, task):
         """Whether ROBOBIN_TASKS[task] is achieved in the current state: the hand within 0.1 of its target for
@@ -691,44 +952,36 @@ class RobobinEnv(ArmEnv):
         return bool(np.linalg.norm(state[3:6] - goal[3:6]) < 0.1 and np.linalg.norm(state[6:9] - goal[6:9]) < 0.1)
 
     def task_goal_observation(self, task):
-        """ROBOBIN_TASKS[task]'s goal image (spec §3.5, §4.3): from the start, hand and blocks put at the goal
-        positions, one zero-action step, the view tiled 3 times along channels. Leaves the env there: reset
-        it before the next episode."""
-        self._restore(self._start)
+        """ROBOBIN_TASKS[task]'s goal image (the official `render_goal`): from the start, the hand
+        driven to the goal's hand target and the blocks put at theirs (`_place`), then one zero-action step, in
+        which the mocap is clipped to the workspace (ReachRight's y 0.85 becomes 0.8, so its hand stops near
+        0.84); the view tiled 3 times along channels. Leaves the env there: reset it before the next episode."""
+        self._reset_physics()
         self._place(ROBOBIN_GOALS[task])
         self.step(np.zeros(4))
         return self._goal_obs()
 
 
-def make_env(env_id, render_mode=None):
-    """The env of the paper named `env_id`, with its time limit. Raises ValueError for an unknown id, and
-    RenderUnavailable (one line naming the system package to install) when a pixel world finds no OpenGL."""
+WORLDS = {"Ant": AntEnv, "HalfCheetah": HalfCheetahEnv, "Quadruped": QuadrupedEnv, "Humanoid": HumanoidEnv,
+          "Kitchen": KitchenEnv, "Robobin": RobobinEnv}  # ENV_SPECS key -> the world, without its time limit
+
+
+def make_env(env_id, render_mode=None, render_quality=None):
+    """The world of the paper named `env_id`, with its time limit: `gym.make("cleanmisl/<env_id>-v0")`. Raises
+    ValueError for an unknown id, and RenderUnavailable (one line naming the system package to install) when
+    a pixel world finds no OpenGL library."""
     if env_id not in ENV_SPECS:
         raise ValueError(f"unknown env {env_id!r}; choose one of {', '.join(ENV_SPECS)}")
-    if env_id == "Ant":
-        env = LocomotionEnv("ant.xml", ANT_MEAN, ANT_STD, coord_dim=2, render_mode=render_mode)
-    elif env_id == "HalfCheetah":
-        env = LocomotionEnv("half_cheetah.xml", CHEETAH_MEAN, CHEETAH_STD, coord_dim=1, render_mode=render_mode)
-    elif env_id == "Quadruped":
-        # the suite's model without walls, ball, target, terrain and rangefinders, floor 15×15 as in its
-        # XML; 0.02 s control step; camera "y" (id 2), a side view following the COM
-        env = DMCPixelEnv(quadruped.make_model(), common.ASSETS, _quadruped_pose, 0.02, "y", 1, render_mode)
-    elif env_id == "Humanoid":
-        # 0.025 s control step; camera "back" (id 0), behind the COM
-        env = DMCPixelEnv(*humanoid.get_model_and_assets(), _humanoid_pose, 0.025, "back", 50, render_mode)
-    elif env_id == "Kitchen":
-        env = KitchenEnv(render_mode)
-    else:
-        env = RobobinEnv(render_mode)
-    return gym.wrappers.TimeLimit(env, ENV_SPECS[env_id].horizon)
+    return gym.make(f"cleanmisl/{env_id}-v0", render_mode=render_mode, render_quality=render_quality)
 
 
-# ---------------------------------------------------------------- downstream tasks (spec §4.4)
+# ---------------------------------------------------------------- downstream tasks (paper App. B.5)
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    """The facts the hierarchical learner needs about a downstream task (spec §4.4)."""
+    """The facts the hierarchical learner needs about a downstream task (the official
+    scripts/hierarchical_control/*.sh)."""
 
     base: str  # the pretraining env (ENV_SPECS key) whose skills the task reuses
     extra_dims: int  # task dims after the base observation; the child policy sees the observation without them
@@ -750,16 +1003,16 @@ ANT_GOALS = 4  # AntMultiGoal's goals per episode
 ANT_GOAL_STEPS = 50  # low-level steps per AntMultiGoal goal
 
 # The one place where our tasks differ from the official ones: AntMultiGoal's goals 2-4. The official env
-# draws them once, in its constructor (spec §5.15), so each worker and the evaluation env keep one fixed
+# draws them once, in its constructor, so each worker and the evaluation env keep one fixed
 # chain for the whole run, and only goal 1 is new in each episode. A high level can then score on goals
 # 2-4 by memorizing them instead of reading the goal in its observation. We draw the whole chain at every
 # reset, so reading the observation's goal is the only way to score.
 
 
-class GoalTask(gym.Wrapper):
-    """A base world with goals to reach: the goal (x, y) or x is appended, raw, to the observation, and the
-    reward is +1 for each step whose post-step `info["coordinates"]` lie within `radius` of the goal in
-    force at that step, except the episode's first step (as in the official code).
+class GoalTask(gym.Env):
+    """TASKS[task]: its base world with goals to reach. The goal (x, y) or x is appended, raw, to the
+    observation, and the reward is +1 for each step whose post-step `info["coordinates"]` lie within `radius`
+    of the goal in force at that step, except the episode's first step (as in the official code).
 
     Goal 1 ~ U(-goal_range, goal_range) per coordinate, goal k+1 = goal k + U(-goal_range, goal_range);
     goal k is in force for low-level steps (k-1)·goal_steps onward, the last goal until the episode ends.
@@ -767,19 +1020,27 @@ class GoalTask(gym.Wrapper):
     `info["goal"]` the goal that step's reward measured: they differ on the last step of a goal that
     another follows (AntMultiGoal's steps 50, 100 and 150, counting from 1).
     Observation: state worlds, base observation ⊕ goal (float32); pixel worlds, {"pixels", "goal"}.
-    `goals` holds the episode's goals, one row each, drawn at reset from the base world's np_random.
+    `world` is the base world (without a time limit), `goals` the episode's goals, one row each.
     """
 
-    def __init__(self, env, goal_dim, goal_range, radius, num_goals, goal_steps):
-        super().__init__(env)
-        self.goal_dim, self.goal_range, self.radius = goal_dim, goal_range, radius
-        self.num_goals, self.goal_steps = num_goals, goal_steps
-        self.pixels = env.observation_space.dtype == np.uint8  # stacked frames, not a state vector
-        goal_space = gym.spaces.Box(-np.inf, np.inf, (goal_dim,), np.float32)
+    metadata = MujocoEnv.metadata  # each instance takes its world's (frames per second)
+
+    def __init__(self, task, render_mode=None, render_quality=None):
+        spec = TASKS[task]
+        self.world = WORLDS[spec.base](render_mode, render_quality)
+        self.metadata, self.render_mode, self.action_space = self.world.metadata, render_mode, self.world.action_space
+        # The world and the goals draw from one generator, the world's: reset(seed) seeds both at once
+        self._np_random = self.world.np_random
+        self.goal_dim, self.goal_range, self.radius = ENV_SPECS[spec.base].coord_dim, spec.goal_range, spec.radius
+        one_goal = (1, ENV_SPECS[spec.base].horizon)
+        self.num_goals, self.goal_steps = (ANT_GOALS, ANT_GOAL_STEPS) if task == "AntMultiGoal" else one_goal
+        self.pixels = ENV_SPECS[spec.base].pixels  # stacked frames, not a state vector
+        goal_space = gym.spaces.Box(-np.inf, np.inf, (self.goal_dim,), np.float32)
+        world_space = self.world.observation_space
         if self.pixels:
-            self.observation_space = gym.spaces.Dict({"pixels": env.observation_space, "goal": goal_space})
+            self.observation_space = gym.spaces.Dict({"pixels": world_space, "goal": goal_space})
         else:
-            dims = env.observation_space.shape[0] + goal_dim
+            dims = world_space.shape[0] + self.goal_dim
             self.observation_space = gym.spaces.Box(-np.inf, np.inf, (dims,), np.float32)
 
     def _goal(self):
@@ -791,7 +1052,8 @@ class GoalTask(gym.Wrapper):
         return {"pixels": obs, "goal": goal} if self.pixels else np.concatenate([obs, goal])
 
     def reset(self, *, seed=None, options=None):
-        obs, info = self.env.reset(seed=seed, options=options)
+        obs, info = self.world.reset(seed=seed, options=options)
+        self._np_random = self.world.np_random  # a seed gives the world a new generator: share it again
         jumps = self.np_random.uniform(-self.goal_range, self.goal_range, (self.num_goals, self.goal_dim))
         self.goals = np.cumsum(jumps, axis=0)
         self.steps = 0  # low-level steps taken this episode
@@ -799,29 +1061,36 @@ class GoalTask(gym.Wrapper):
 
     def step(self, action):
         goal = self._goal().copy()
-        obs, _, terminated, truncated, info = self.env.step(action)
+        obs, _, terminated, truncated, info = self.world.step(action)
         reached = np.linalg.norm(info["coordinates"] - goal) <= self.radius
         reward = float(reached and self.steps > 0)
         self.steps += 1
         return self._observation(obs), reward, terminated, truncated, {**info, "goal": goal}
+
+    def render(self):
+        return self.world.render()
+
+    def close(self):
+        self.world.close()
 
 
 HURDLE_X = (-15.0, -13.0, -9.0, -5.0, -1.0, 3.0, 7.0, 11.0, 15.0, 19.0, 23.0, 27.0)
 
 
 class HurdleEnv(LocomotionEnv):
-    """HalfCheetah with 12 hurdles across its path (spec §4.4): boxes of half-size (0.05, 1, 0.03) centred at
-    z = 0.2 and x = HURDLE_X, which collide with the body.
+    """HalfCheetah with 12 hurdles across its path (the official half_cheetah_hurdle_env.py): boxes of half-size
+    (0.05, 1, 0.03) centred at z = 0.2 and x = HURDLE_X, which collide with the body.
 
     Observation: the HalfCheetah observation (preset normalization) ⊕ [x of the next hurdle, |x of the next
     hurdle − x of the back foot|], raw. The back foot is body "bfoot"; the next hurdle is the first one
-    the foot has not passed (x >= the foot's x), the last one once the foot is past them all.
+    the foot has not passed (x >= the foot's x), x = 15 once the foot is past them all (the official env's value).
     Reward: the change over the step of the number of hurdles at x >= 0 that the back foot has passed
     (x < the foot's x): +1 per hurdle crossed forward, -1 per hurdle crossed back.
     """
 
-    def __init__(self, render_mode=None):
-        super().__init__("half_cheetah.xml", CHEETAH_MEAN, CHEETAH_STD, coord_dim=1, render_mode=render_mode)
+    def __init__(self, render_mode=None, render_quality=None):
+        super().__init__("HalfCheetahHurdle", "half_cheetah.xml", CHEETAH_MEAN, CHEETAH_STD, 1, render_mode,
+                         render_quality)
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (self.model.nq + self.model.nv + 2,), np.float32)
         self._foot = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, "bfoot")
 
@@ -849,7 +1118,7 @@ class HurdleEnv(LocomotionEnv):
     def _obs(self):
         foot = self._foot_x()
         ahead = [x for x in HURDLE_X if x >= foot]
-        hurdle = ahead[0] if ahead else HURDLE_X[-1]
+        hurdle = ahead[0] if ahead else 15.0  # as the official hurdle env, whose fallback is 15, not the last hurdle
         return np.concatenate([super()._obs(), np.float32([hurdle, abs(hurdle - foot)])])
 
     def reset(self, *, seed=None, options=None):
@@ -864,24 +1133,31 @@ class HurdleEnv(LocomotionEnv):
         return obs, reward, terminated, truncated, info
 
 
-def make_task(task, render_mode=None):
+def make_task(task, render_mode=None, render_quality=None):
     """The downstream task named `task` (a TASKS key) on its base world, with the base world's 200-step time
-    limit. Action space and dynamics are the base world's, the reward is the task's, and it never terminates.
-    Raises ValueError for an unknown name, and RenderUnavailable for a pixel task without OpenGL."""
+    limit: `gym.make("cleanmisl/<task>-v0")`. Action space and dynamics are the base world's, the reward is the
+    task's, and it never terminates. Raises ValueError for an unknown name, and RenderUnavailable for a pixel
+    task without OpenGL."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
-    spec, base_spec = TASKS[task], ENV_SPECS[TASKS[task].base]
-    if task == "HalfCheetahHurdle":
-        env = HurdleEnv(render_mode)
-    else:
-        world = make_env(spec.base, render_mode).unwrapped
-        goals = (ANT_GOALS, ANT_GOAL_STEPS) if task == "AntMultiGoal" else (1, base_spec.horizon)
-        env = GoalTask(world, base_spec.coord_dim, spec.goal_range, spec.radius, *goals)
-    return gym.wrappers.TimeLimit(env, base_spec.horizon)
+    return gym.make(f"cleanmisl/{task}-v0", render_mode=render_mode, render_quality=render_quality)
+
+
+# ---------------------------------------------------------------- gymnasium ids
+
+# Every world and task is a gymnasium env: gym.make("cleanmisl/Ant-v0"), ..., gym.make("cleanmisl/AntMultiGoal-v0")
+# once this module is imported, or gym.make("envs:cleanmisl/Ant-v0"), which imports it. Keyword arguments:
+# render_mode (None or "rgb_array") and render_quality (see resolve_render_quality).
+for _name, _spec in ENV_SPECS.items():
+    gym.register(f"cleanmisl/{_name}-v0", f"{__name__}:{WORLDS[_name].__name__}", max_episode_steps=_spec.horizon)
+for _name, _spec in TASKS.items():
+    _entry, _kwargs = ("HurdleEnv", {}) if _name == "HalfCheetahHurdle" else ("GoalTask", {"task": _name})
+    gym.register(f"cleanmisl/{_name}-v0", f"{__name__}:{_entry}", max_episode_steps=ENV_SPECS[_spec.base].horizon,
+                 kwargs=_kwargs)
 
 
 class PixelEncoder(nn.Module):
-    """The CNN in front of every network on pixels (spec §1.9): (N, 64, 64, 3k) HWC images, uint8 or
+    """The CNN in front of every network on pixels (the official with_encoder.py): (N, 64, 64, 3k) HWC images, uint8 or
     float in [0, 255] -> (N, 1536). Divide by 255 (no mean shift), then 4 unpadded convolutions (kernel 4,
     stride 2; 64 -> 31 -> 14 -> 6 -> 2 pixels) with ELU; PyTorch's default init, no normalization."""
 
@@ -900,7 +1176,7 @@ class PixelEncoder(nn.Module):
 
 class PixelGoalEncoder(nn.Module):
     """The encoder of a pixel task's observation {"pixels": (N, 64, 64, 3k), "goal": (N, goal_dim)}:
-    PixelEncoder(pixels) ⊕ goal, raw (spec §1.9), of size 1536 + goal_dim."""
+    PixelEncoder(pixels) ⊕ goal, raw, of size 1536 + goal_dim."""
 
     def __init__(self, in_channels, goal_dim):
         super().__init__()
@@ -955,7 +1231,8 @@ def draw_coordinates(ax, coordinates, colors, env_id=None):
 
 
 def coverage(coordinates, env_id=None):
-    """State coverage (spec §4.2) of `coordinates`, shape (..., coord_dim): every point of every trajectory.
+    """State coverage (paper App. B.3; the official MjNumUniqueCoords) of `coordinates`, shape (..., coord_dim):
+    every point of every trajectory.
 
     Kitchen: the number of KITCHEN_TASKS achieved at any point (coordinates are their success flags).
     Robobin: the number of distinct 9-D states rounded to 2 decimals.

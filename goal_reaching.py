@@ -198,11 +198,11 @@ def main(args, ckpt):
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
 
-    try:
+    try:  # a pixel world makes its render context at its first frame: the first reset
         env = envs.make_env(trained["env_id"])
+        env.reset(seed=args.seed)
     except envs.RenderUnavailable as e:
         error(e)
-    env.reset(seed=args.seed)
     action_dim = env.action_space.shape[0]
     gaussian = {"gaussian": True} if trained["env_id"] in getattr(agent, "GAUSSIAN_ENVS", ()) else {}  # DIAYN-Robobin
     phi = agent.Phi(env.observation_space, trained["skill_dim"], trained["hidden_dim"], **gaussian).to(device)
@@ -231,7 +231,10 @@ def main(args, ckpt):
                     if skill is None or variant == "adaptive":  # "single": z chosen at the first step only
                         skill = infer_skill(ckpt["agent"], discrete, phi_goal, phi(obs))
                     action = actor.mode(obs, skill) if args.deterministic else actor.sample(obs, skill)[0]
-                    obs, _, terminated, truncated, info = env.step(action[0].cpu().numpy())
+                    action = action[0].cpu().numpy()
+                    if not np.isfinite(action).all():  # the env refuses NaN and inf
+                        error(f"the policy's action is not finite: {args.checkpoint} holds diverged networks")
+                    obs, _, terminated, truncated, info = env.step(action)
                     positions.append(info["coordinates"])
                     successes.append(tasks is not None and env.unwrapped.task_success(goal))
                     if terminated or truncated:

@@ -21,12 +21,17 @@ HalfCheetahHurdle, with the official hyperparameters (spec §4.4):
        GAE λ = 0.95 for the advantages (standardized per minibatch), entropy bonus 0.01 (of the pre-tanh Gaussian),
        a value network regressed on the Monte-Carlo discounted returns with its own optimizer.
   Both: γ = 0.99 per high-level step, Adam lr 1e-4, width 1024, tanh policy trunks, ReLU critics.
-Evaluation: 48 deterministic high-level episodes every 100 epochs (25 on pixels); eval.jsonl has their mean return
-and the mean of the last 10 evaluations (the paper's "Return (past 10)"), and a plot shows their trajectories.
+Evaluation: 48 deterministic high-level episodes every 100 epochs (25 on pixels), the official periods; eval.jsonl
+has their mean return and the mean of the last 10 evaluations after epoch 0 (the paper's "Return (past 10)"; the
+untrained evaluation at epoch 0 is never in it, null there), and a plot shows their trajectories. The default budget
+(4M low-level env steps for SAC, 12.8M for PPO, whose epochs are 8 times larger) gives every task at least 10
+evaluations after epoch 0; the official scripts set no budget (n_epochs 200001).
 
 Deliberate differences from the official code: the tasks' one difference (AntMultiGoal redraws its whole goal chain
 every episode) is explained in envs.py; the high-level replay buffer stores each observation once per step
-(whole episodes), as the agents' buffers do.
+(whole episodes), as the agents' buffers do; "Return (past 10)" averages the last 10 evaluations after epoch 0,
+where the official plotting script (run/paper/plot_hierarchical_control.py) averages the current evaluation and
+the 10 before it, epoch 0 included while there are fewer.
 """
 
 import importlib
@@ -57,7 +62,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 SKILL_STEPS = 25  # low-level steps per high-level step
 HIGH_HORIZON = 8  # high-level steps per episode: 8 × 25 = 200 low-level steps
 CHILD_AGENTS = ("csf", "metra", "diayn", "visr", "cic", "dads")
-ALGO_DEFAULTS = {"sac": {"num_envs": 8, "grad_steps_per_epoch": 50}, "ppo": {"num_envs": 64, "grad_steps_per_epoch": 10}}
+# the budgets: 2,500 SAC epochs (8 episodes) and 1,000 PPO epochs (64 episodes), both at least 10 evaluations after
+# epoch 0 at the official periods (every 100 epochs, 25 on pixels), so "Return (past 10)" is ten trained evaluations
+ALGO_DEFAULTS = {"sac": {"num_envs": 8, "grad_steps_per_epoch": 50, "total_env_steps": 4_000_000},
+                 "ppo": {"num_envs": 64, "grad_steps_per_epoch": 10, "total_env_steps": 12_800_000}}
+PAST = 10  # evaluations in "Return (past 10)"
 
 
 @dataclass
@@ -68,8 +77,9 @@ class Args:
     """the downstream task: AntMultiGoal, HalfCheetahGoal, HalfCheetahHurdle, QuadrupedGoal or HumanoidGoal"""
     seed: int = 1
     """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
-    total_env_steps: int = 4_000_000
-    """training budget in low-level env steps (an epoch is num_envs × 200)"""
+    total_env_steps: Optional[int] = None
+    """training budget in low-level env steps, an epoch being num_envs × 200 (unset: SAC 4M, 2,500 epochs;
+    PPO 12.8M, 1,000 epochs; either way at least 10 evaluations after epoch 0 at the default --eval-every)"""
     num_envs: Optional[int] = None
     """high-level episodes collected per epoch (unset: SAC 8, PPO 64)"""
     grad_steps_per_epoch: Optional[int] = None
@@ -83,7 +93,8 @@ class Args:
     hidden_dim: int = 1024
     """width of the two hidden layers of the high-level networks"""
     eval_every: Optional[int] = None
-    """epochs between evaluations (unset: 100 on Ant and HalfCheetah, 25 on pixels); the last epoch is always evaluated"""
+    """epochs between evaluations (unset: 100 on Ant and HalfCheetah, 25 on pixels, the official periods);
+    epoch 0 and the last epoch are always evaluated, and "past 10" averages the last 10 evaluations after epoch 0"""
     checkpoint_every: Optional[int] = None
     """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
     num_eval_episodes: int = 48
@@ -448,15 +459,15 @@ def main(args, child_ckpt, ckpt=None):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     # ------------------------------------------------------------ envs (low level: every trajectory reset explicitly)
-    try:
+    try:  # a pixel world makes its render context at its first frame: the first reset
         train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_task(args.task) for _ in range(args.num_envs)],
                                               autoreset_mode=gym.vector.AutoresetMode.DISABLED)
         eval_envs = gym.vector.SyncVectorEnv([lambda: envs.make_task(args.task) for _ in range(args.num_eval_episodes)],
                                              autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        train_envs.reset(seed=args.seed)
+        eval_envs.reset(seed=args.seed + 10_000)
     except envs.RenderUnavailable as e:
         error(e)
-    train_envs.reset(seed=args.seed)
-    eval_envs.reset(seed=args.seed + 10_000)
     observation_space = train_envs.single_observation_space  # the full observation: state (or pixels) + task dims
     pixels = isinstance(observation_space, gym.spaces.Dict)
 
@@ -490,8 +501,10 @@ def main(args, child_ckpt, ckpt=None):
             skill = action_to_skill(action, kind, skill_dim)
             reward = np.zeros(vec_env.num_envs)
             for t in range(SKILL_STEPS):
-                low_action = child.mode(child_view(as_tensor(obs, device)), skill)
-                obs, r, terminated, truncated, info = vec_env.step(low_action.cpu().numpy())
+                low_action = child.mode(child_view(as_tensor(obs, device)), skill).cpu().numpy()
+                if not np.isfinite(low_action).all():  # the envs refuse NaN and inf
+                    error("the child's action is not finite: the high-level policy's networks diverged")
+                obs, r, terminated, truncated, info = vec_env.step(low_action)
                 last = step == HIGH_HORIZON - 1 and t == SKILL_STEPS - 1  # the 200-step time limit
                 assert not terminated.any() and (truncated == last).all(), (step, t, terminated, truncated)
                 reward += r
@@ -585,26 +598,29 @@ def main(args, child_ckpt, ckpt=None):
         return action, torch.zeros(len(action)), action
 
     def evaluate(epoch, epoch_stats):
-        """Deterministic high-level episodes → mean return, the mean of the last 10 evaluations, a plot."""
+        """Deterministic high-level episodes → mean return, the mean of the last 10 evaluations after epoch 0 (None
+        at epoch 0), a plot."""
         episodes = run_episodes(eval_envs, act_deterministically)
         returns = episodes["reward"].sum(1)
         eval_returns.append(float(returns.mean()))
         env_steps = epoch * steps_per_epoch
+        trained = eval_returns[1:]  # eval_returns[0] is epoch 0's, before any training: never in "past 10"
         result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
                   "wall_time": round(wall_time + time.time() - segment_start, 2), "return": eval_returns[-1],
-                  "return_past10": float(np.mean(eval_returns[-10:])), "return_min": float(returns.min()),
-                  "return_max": float(returns.max()), **epoch_stats,
+                  "return_past10": float(np.mean(trained[-PAST:])) if trained else None,
+                  "return_min": float(returns.min()), "return_max": float(returns.max()), **epoch_stats,
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
         plot_episodes(episodes["coordinates"], episodes["goals"], os.path.join(run_dir, f"episodes_{env_steps:010d}.png"),
                       f"{args.task} over {child_ckpt['agent']} skills, {env_steps:,} env steps, "
                       f"return {result['return']:.1f}")
         for key in ("return", "return_past10"):
-            writer.add_scalar(f"eval/{key}", result[key], env_steps)
+            if result[key] is not None:
+                writer.add_scalar(f"eval/{key}", result[key], env_steps)
         with open(os.path.join(run_dir, "eval.jsonl"), "a") as f:
             f.write(json.dumps(result) + "\n")
-        print(f"eval  epoch {epoch} | env steps {env_steps:,} | return {result['return']:.3g} | past 10 "
-              f"{result['return_past10']:.3g} | " + " | ".join(f"{k} {v:.4g}" for k, v in epoch_stats.items()),
-              flush=True)
+        past = "–" if result["return_past10"] is None else f"{result['return_past10']:.3g}"
+        print(f"eval  epoch {epoch} | env steps {env_steps:,} | return {result['return']:.3g} | past 10 {past} | "
+              + " | ".join(f"{k} {v:.4g}" for k, v in epoch_stats.items()), flush=True)
 
     # ------------------------------------------------------------ SAC: one gradient step (spec §1.7, §4.4)
     def sac_update(batch):

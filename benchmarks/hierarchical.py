@@ -82,11 +82,15 @@ def main():
     env_steps = trained["epoch"] * trained["args"]["num_envs"] * HORIZON
     rows = ["| env steps | return, trained child | return, untrained child | past 10, trained | past 10, untrained |",
             "|---|---|---|---|---|"]
+
+    def past(e):  # None at epoch 0, before any trained evaluation
+        return "–" if e["return_past10"] is None else f"{e['return_past10']:.1f}"
+
     for a, b in zip(evals["trained"], evals["untrained"]):
-        rows.append(f"| {a['env_steps']:,} | {a['return']:.1f} | {b['return']:.1f} | {a['return_past10']:.1f} | "
-                    f"{b['return_past10']:.1f} |")
+        rows.append(f"| {a['env_steps']:,} | {a['return']:.1f} | {b['return']:.1f} | {past(a)} | {past(b)} |")
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, lines in evals.items():
+        lines = [e for e in lines if e["return_past10"] is not None]  # epoch 0 has no trained evaluation to average
         ax.plot([e["env_steps"] / 1e6 for e in lines], [e["return_past10"] for e in lines], label=f"{label} child")
     ax.set_xlabel("low-level env steps (millions)")
     ax.set_ylabel("return (mean of the last 10 evaluations)")

@@ -241,7 +241,8 @@ def goal_and_hierarchical_results(folder):
     for path in glob.glob(os.path.join(folder, "runs", "*__hierarchical_*", "eval.jsonl")):
         with open(path) as f:
             last = [json.loads(line) for line in f][-1]
-        found[f"{os.path.basename(os.path.dirname(path)).split('__')[0]} return (past 10)"] = last["return_past10"]
+        if last["return_past10"] is not None:  # None until an evaluation after epoch 0
+            found[f"{os.path.basename(os.path.dirname(path)).split('__')[0]} return (past 10)"] = last["return_past10"]
     return found
 
 

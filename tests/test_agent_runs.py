@@ -168,6 +168,22 @@ def test_nan_stops_the_run_and_leaves_a_checkpoint_it_resumes_from(agent, tiny_r
 
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_a_non_finite_action_stops_the_run_with_one_line(agent, tmp_path, monkeypatch):
+    """The envs refuse NaN actions; a policy that gives one (its networks diverged) ends the run with one line."""
+    real_mode, calls = agent.Actor.mode, itertools.count(1)
+
+    def diverged(self, *inputs):  # from the evaluation at epoch 2 on (epoch 0's took HORIZON calls)
+        action = real_mode(self, *inputs)
+        return action * math.nan if next(calls) > HORIZON else action
+
+    monkeypatch.setattr(agent.Actor, "mode", diverged)
+    with pytest.raises(SystemExit) as stop:
+        run_agent(agent, tmp_path, *FIVE_EPOCHS)
+    assert str(stop.value.code) == (f"{name(agent)}.py: error: the policy's action is not finite at epoch 2: its "
+                                    "networks diverged")
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
 def test_buffer_stores_the_final_observation_of_every_trajectory(agent, tmp_path, monkeypatch):
     """s' of a trajectory's last step is the observation the time limit ended it with, never a reset one (what a
     vector env that resets on its own, or a time limit off by one, would leave)."""

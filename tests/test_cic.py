@@ -79,3 +79,13 @@ def test_the_last_step_of_a_trajectory_is_terminal(tmp_path):
                         "--grad-steps-per-epoch", "2", "--batch-size", "16", "--hidden-dim", "16",
                         "--num-eval-skills", "2", "--no-time-limit-terminal", "--no-cuda")
     assert read_evals(run_dir)[-1]["grad_steps"] == 4
+
+
+def test_evaluation_period_is_the_official_cic_one():
+    # the official scripts/pretrain/cic/*.sh evaluate HalfCheetah every 500 epochs (the CSF/METRA scripts: 1000);
+    # on the other worlds CIC's period is theirs
+    expected = {"Ant": 500, "HalfCheetah": 500, "Quadruped": 125, "Humanoid": 125, "Kitchen": 250, "Robobin": 500}
+    for env_id, period in expected.items():
+        args, _ = cic.parse_args(["--env-id", env_id])
+        assert (args.eval_every, args.checkpoint_every) == (period, period), env_id
+    assert cic.parse_args(["--env-id", "HalfCheetah", "--eval-every", "1000"])[0].eval_every == 1000  # a set flag wins

@@ -62,10 +62,24 @@ def test_batch_norms_train_for_the_loss_and_stay_put_for_the_reward():
     model.train()
     model.log_likelihoods(obs, next_obs, skill[:, None])  # the loss: batch statistics, running ones move
     moved = model.input_norm.running_mean.clone(), model.target_norm.running_mean.clone()
-    assert moved[0].abs().min() > 0.1 and moved[1].abs().max() > 0
+    assert moved[0].abs().min() > 0.03 and moved[1].abs().max() > 0  # 0.01 · (≈ 5): momentum 0.01
     model.eval()
     model.log_likelihoods(obs, next_obs, skill[:, None].expand(16, 4, 3))  # the reward: running statistics, unchanged
     assert torch.equal(model.input_norm.running_mean, moved[0]) and torch.equal(model.target_norm.running_mean, moved[1])
+
+
+def test_input_norm_momentum_is_the_official_one():
+    # the official IOD.__init__ (iod/iod.py) builds both skill-dynamics batch norms with momentum 0.01; the reward
+    # reads BN_in's running statistics, so PyTorch's default 0.1 would track the buffer ten times faster
+    model = dads.SkillDynamics(obs_dim=3, skill_dim=3, hidden_dim=8)
+    assert model.input_norm.momentum == 0.01 and model.target_norm.momentum == 0.01
+    obs = torch.tensor([[1.0, 2.0, -4.0], [3.0, 6.0, 0.0], [5.0, -2.0, 10.0], [7.0, 10.0, 2.0]])  # mean (4, 4, 2)
+    model.train()
+    model.log_likelihoods(obs, torch.zeros(4, 3), dads.sample_skills(4, 3)[:, None])
+    expected = 0.99 * torch.zeros(3) + 0.01 * obs.mean(0)  # (0.04, 0.04, 0.02); momentum 0.1 would give (0.4, 0.4, 0.2)
+    assert torch.allclose(model.input_norm.running_mean, expected, atol=1e-7)
+    unbiased_var = obs.var(0, unbiased=True)
+    assert torch.allclose(model.input_norm.running_var, 0.99 * torch.ones(3) + 0.01 * unbiased_var, atol=1e-6)
 
 
 def test_skills_and_worlds():

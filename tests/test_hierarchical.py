@@ -14,6 +14,7 @@ from conftest import FIVE_EPOCHS, load, read_evals, run_agent
 import csf
 import dads
 import diayn
+import envs
 import hierarchical
 import metra
 
@@ -79,9 +80,11 @@ def test_sac_over_a_frozen_csf_child_crosses_updates_and_evaluations(tiny_run, t
     lines = read_evals(run_dir)
     # 16 high-level transitions stored after epoch 0: 2 updates in each of epochs 0, 1 and 2
     assert [line["epoch"] for line in lines] == [0, 1, 2, 3] and [line["grad_steps"] for line in lines] == [0, 2, 4, 6]
-    for line in lines:
-        assert 0 <= line["return"] <= 199 and math.isfinite(line["return_past10"])  # +1 per step, never the first
-    assert lines[-1]["return_past10"] == pytest.approx(sum(line["return"] for line in lines) / 4)
+    assert all(0 <= line["return"] <= 199 for line in lines)  # +1 per step, never the first
+    # "past 10" averages the evaluations after epoch 0 only: none yet at epoch 0
+    assert lines[0]["return_past10"] is None
+    for k in (1, 2, 3):
+        assert lines[k]["return_past10"] == pytest.approx(sum(line["return"] for line in lines[1:k + 1]) / k)
     for key in ("qf_loss", "actor_loss", "alpha_loss", "alpha", "q"):
         assert math.isfinite(lines[-1][key]), key
     (child,) = children  # the child is the agent script's own Actor, frozen: its weights are the checkpoint's
@@ -122,6 +125,34 @@ def test_ppo_over_a_one_hot_metra_child(tmp_path):
     assert all(abs(line["return"]) <= 7 for line in lines)  # the 7 hurdles at x ≥ 0, crossed or recrossed
     ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
     assert "value" in ckpt and "buffer" not in ckpt
+
+
+def test_past_10_never_includes_epoch_0(tiny_run, tmp_path):
+    child_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    run_dir = run_agent(hierarchical, tmp_path, "--checkpoint", child_dir, "--task", "AntMultiGoal",
+                        "--total-env-steps", "2400", "--grad-steps-per-epoch", "0", *TINY)  # 6 epochs of 2 episodes
+    lines = read_evals(run_dir)
+    assert [line["epoch"] for line in lines] == list(range(7))
+    returns = [line["return"] for line in lines]
+    assert lines[0]["return_past10"] is None  # epoch 0, before any training, is never in "past 10"
+    for k in range(1, 7):
+        assert lines[k]["return_past10"] == pytest.approx(sum(returns[1:k + 1]) / k)
+
+
+def test_default_budget_gives_ten_trained_evaluations_on_every_task(tmp_path):
+    """At the default flags every task is evaluated at least 10 times after epoch 0, as the training loop evaluates
+    (epoch % eval_every == 0 or the last epoch), so "Return (past 10)" is ten evaluations of a trained policy."""
+    for task, spec in envs.TASKS.items():
+        child = tmp_path / f"{spec.base}.pt"
+        torch.save({"agent": "csf", "args": {"env_id": spec.base}}, child)
+        args, _, _ = hierarchical.parse_args(["--checkpoint", str(child), "--task", task])
+        assert args.eval_every == spec.eval_every, task  # the official periods: 100, 25 on pixels
+        num_epochs = args.total_env_steps // (args.num_envs * hierarchical.SKILL_STEPS * hierarchical.HIGH_HORIZON)
+        evaluated = [e for e in range(num_epochs + 1) if e % args.eval_every == 0 or e == num_epochs]
+        assert len([e for e in evaluated if e > 0]) >= 10, (task, num_epochs, evaluated)
+    # PPO tasks: 1,000 epochs of 64 episodes, evaluated at 0, 100, ..., 1000
+    args, _, _ = hierarchical.parse_args(["--checkpoint", str(tmp_path / "HalfCheetah.pt"), "--task", "HalfCheetahGoal"])
+    assert (args.total_env_steps, args.num_envs, args.eval_every) == (12_800_000, 64, 100)
 
 
 def refuses(argv):

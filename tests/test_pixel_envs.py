@@ -53,6 +53,32 @@ def test_spaces_and_spec(env):
     assert spec.pixels and spec.frame_stack == 3
 
 
+def test_floor_lights_and_render_quality_are_the_official_ones(env):
+    """The official colour XMLs: the floor's material "mygrid" reflects 0.2 and spans the 30 m floor once; one spot
+    light in the torso follows the body and casts shadows; frames with 4× multisampling and a 2048² shadow map."""
+    m = env.unwrapped.model
+    floor = m.geom("floor")
+    material = floor.matid[0]
+    assert m.material(material).name == "mygrid" and m.mat_reflectance[material] == pytest.approx(0.2)
+    assert np.array_equal(m.mat_texrepeat[material], [1, 1]) and not m.mat_texuniform[material]
+    assert np.allclose(floor.size[:2], 15)
+    assert m.nlight == 1 and m.light_castshadow[0] and m.light_mode[0] == mujoco.mjtCamLight.mjCAMLIGHT_TRACKCOM
+    assert m.body(m.light_bodyid[0]).name == "torso"
+    assert (m.vis.quality.offsamples, m.vis.quality.shadowsize) == (4, 2048)  # the fast look leaves them in place
+
+
+def test_the_official_look_draws_shadows_and_reflections(env):
+    official = envs.make_env(env.env_id, render_quality="official")
+    fast = envs.make_env(env.env_id, render_quality="fast")
+    frames = [e.reset(seed=0)[0][..., :3].astype(int) for e in (official, fast)]
+    assert np.array_equal(official.unwrapped.data.qpos, fast.unwrapped.data.qpos)  # the same physics
+    brighter = (frames[0] - frames[1]).sum(-1)  # official minus fast, summed over R, G, B
+    assert (brighter < -60).mean() > 0.01  # the body's shadow on the floor (3-4% of the pixels)
+    assert (brighter > 60).mean() > 0.1  # the floor's reflection (about 20%)
+    official.close()
+    fast.close()
+
+
 def test_frame_stack_order(env):
     obs0, _ = env.reset(seed=0)
     assert obs0.shape == (64, 64, 9) and obs0.dtype == np.uint8

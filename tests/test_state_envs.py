@@ -108,27 +108,59 @@ def test_vector_env_without_autoreset_returns_the_final_observation_and_refuses_
 
 
 def test_envs_of_one_world_share_one_render_context():
-    """One Renderer per distinct model and frame size in a process (a Kitchen render context alone holds 200 MB
-    of textures); each env still draws its own state, and the context goes with the last env holding it."""
+    """One Renderer per world and look in a process, whatever the frame size (a Kitchen render context alone
+    holds 200 MB of textures); each env still draws its own state, and the context goes with the last env
+    holding it. No context is made before the first frame."""
     a, b = envs.make_env("Ant", "rgb_array"), envs.make_env("Ant", "rgb_array")
     other = envs.make_env("HalfCheetah", "rgb_array")
     a.reset(seed=1)
     b.reset(seed=2)
+    other.reset(seed=3)
+    assert a.unwrapped._renderer is None  # made at the first frame, not in the constructor or at reset
     for _ in range(20):
         a.step(np.ones(8, np.float32))
     frame_a = a.render()
     frame_b, _ = b.render(), other.render()  # b draws after a, with the same context
-    renderer = a.unwrapped._renderers[envs.VIDEO_SIZE]
-    assert b.unwrapped._renderers[envs.VIDEO_SIZE] is renderer
-    assert other.unwrapped._renderers[envs.VIDEO_SIZE] is not renderer
+    renderer = a.unwrapped._renderer
+    assert b.unwrapped._renderer is renderer and other.unwrapped._renderer is not renderer
+    assert a.unwrapped._frame(64).shape == (64, 64, 3) and a.unwrapped._renderer is renderer  # any size, one context
     assert not np.array_equal(frame_a, frame_b) and np.array_equal(a.render(), frame_a)
     b.close()
     assert np.array_equal(a.render(), frame_a)  # closing b left a's context alone
-    key = next(k for k, r in envs._RENDERERS.items() if r is renderer)
+    key = ("Ant", a.unwrapped.render_quality)
+    assert envs._RENDERERS[key] is renderer
     del renderer
     a.close()
     assert key not in envs._RENDERERS
     other.close()
+
+
+def test_render_mode_is_checked_and_honoured():
+    with pytest.raises(ValueError, match="unsupported render_mode 'depth_array'"), pytest.warns(UserWarning):
+        envs.make_env("Ant", "depth_array")  # gym.make warns first, then the env refuses
+    env = envs.make_env("Ant")
+    env.reset(seed=0)
+    with pytest.warns(UserWarning, match="render_mode='rgb_array'"):
+        assert env.render() is None  # no render mode, no frames (gymnasium's convention)
+    assert env.unwrapped._renderer is None
+    env = envs.make_env("Ant", "rgb_array")
+    env.reset(seed=0)
+    assert env.render().shape == (envs.VIDEO_SIZE, envs.VIDEO_SIZE, 3)
+
+
+def test_render_quality_is_checked():
+    assert envs.make_env("Ant", render_quality="official").unwrapped.render_quality == "official"
+    assert envs.make_env("Ant", render_quality="fast").unwrapped.render_quality == "fast"
+    with pytest.raises(envs.RenderUnavailable, match="unknown render quality 'best'"):
+        envs.make_env("Ant", render_quality="best")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CLEANMISL_RENDER", "official")
+        assert envs.make_env("Ant").unwrapped.render_quality == "official"
+        patch.setenv("CLEANMISL_RENDER", "fast")
+        assert envs.make_env("Ant").unwrapped.render_quality == "fast"
+        patch.delenv("CLEANMISL_RENDER")
+        expected = "official" if envs.GPU_RENDER_NODE else "fast"  # the default: official on a GPU render node
+        assert envs.make_env("Ant").unwrapped.render_quality == expected
 
 
 def test_skill_plot_draws_paths_in_the_plane_or_against_time():

@@ -42,7 +42,7 @@ def test_state_goal_task_appends_the_raw_goal(task):
     assert env.observation_space.dtype == np.float32
     assert env.action_space == envs.make_env(base).action_space and env.action_space.shape == (action_dims,)
     obs, info = env.reset(seed=0)
-    world = env.unwrapped
+    world = env.unwrapped.world  # the base world, a gymnasium env of its own
     for t in range(3):
         assert obs.dtype == np.float32 and env.observation_space.contains(obs)
         assert np.array_equal(obs[:base_dims], world._obs())  # the base world's normalized observation
@@ -55,15 +55,15 @@ def test_state_goal_task_appends_the_raw_goal(task):
 
 def place(env, xy):
     """Move the root to `xy` (x, or x and y) at rest, so the next step ends within millimetres of it."""
-    env.unwrapped.data.qpos[: len(xy)] = xy
-    env.unwrapped.data.qvel[:] = 0
+    env.unwrapped.world.data.qpos[: len(xy)] = xy
+    env.unwrapped.world.data.qvel[:] = 0
 
 
 def test_ant_multi_goal_reward_on_a_hand_made_trajectory():
     env = envs.make_task("AntMultiGoal")
     env.reset(seed=0)
     goals = np.array([[5.0, 0.0], [-5.0, 0.0], [0.0, 5.0], [0.0, -5.0]])  # each > 6 from the others
-    env.env.goals = goals.copy()
+    env.unwrapped.goals = goals.copy()
     positions = ([goals[0], goals[0] + [2.9, 0], goals[0] + [3.1, 0], goals[0] + [0, -2.9]] + [goals[0]] * 46
                  + [goals[0]] + [goals[1] + [0, 2]] * 49  # steps 50-99: goal 2, first still at goal 1
                  + [goals[1]] * 50  # steps 100-149: goal 3, still at goal 2
@@ -102,7 +102,7 @@ def test_goals_follow_the_seed_and_change_at_every_reset():
     chains = []
     for seed in [0, 0, 1, None]:
         obs, info = env.reset(seed=seed)
-        chain = env.env.goals.copy()
+        chain = env.unwrapped.goals.copy()
         assert chain.shape == (4, 2) and np.array_equal(info["goal"], chain[0])
         assert np.abs(chain[0]).max() <= 7.5 and np.abs(np.diff(chain, axis=0)).max() <= 7.5
         chains.append(chain)
@@ -170,7 +170,7 @@ def test_hurdle_reward_and_next_hurdle_features():
     steps = [(0.5, 0, 3), (3.5, 1, 7), (11.5, 2, 15), (7.5, -1, 11), (-3.0, -2, -1),
              (-14.0, 0, -13),  # crossing hurdles at x < 0 counts nothing, either way
              (-16.0, 0, -15),
-             (30.0, 7, 27),  # past all 7 at x >= 0: the next hurdle is the last
+             (30.0, 7, 15),  # past all 7 at x >= 0: the next hurdle is x = 15, the official env's value
              (26.5, -1, 27)]
     for target, expected_reward, expected_hurdle in steps:
         world.data.qpos[0] += target - foot_x(world)
@@ -185,6 +185,22 @@ def test_hurdle_reward_and_next_hurdle_features():
         assert np.array_equal(info["coordinates"], world.data.qpos[:1])
         raw = np.concatenate([world.data.qpos, world.data.qvel])
         assert np.allclose(obs[:18], (raw - world.obs_mean) / (world.obs_std + 1e-8), atol=1e-5)  # HalfCheetah preset
+
+
+def test_hurdle_features_past_the_last_hurdle():
+    # the official hurdle env falls back to x = 15 (not the last hurdle, 27) once the back foot is past them all
+    env = envs.make_task("HalfCheetahHurdle")
+    env.reset(seed=0)
+    world = env.unwrapped
+    world.data.qpos[0] = 40.0
+    mujoco.mj_forward(world.model, world.data)
+    foot = foot_x(world)
+    assert foot > 27
+    obs = world._obs()
+    assert obs[18] == 15.0
+    assert obs[19] == pytest.approx(abs(15.0 - foot), abs=1e-4)
+    obs, *_ = env.step(np.zeros(6))  # the observation a step returns says the same
+    assert obs[18] == 15.0 and obs[19] == pytest.approx(foot_x(world) - 15.0, abs=1e-4)
 
 
 # ---------------------------------------------------------------- pixel tasks
