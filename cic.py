@@ -40,11 +40,13 @@ Deliberate differences from the official code:
     every env differently (spec §5.18), as for csf.py.
 """
 
+import contextlib
 import json
 import math
 import os
 import random
 import resource
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -154,6 +156,30 @@ RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resum
 def error(message):
     """End the run with one line on stderr, no traceback."""
     sys.exit(f"cic.py: error: {message}")
+
+
+def truncate_log(log_path, last_epoch):
+    """Keep the evaluations of eval.jsonl up to `last_epoch` (a resumed run does the later ones again), rewritten
+    atomically. Blank lines and a torn last line (a crash while it was written) are dropped, the latter with a
+    warning; any other line that is not an evaluation ends the run with one line."""
+    if not os.path.isfile(log_path):
+        return
+    with open(log_path) as f:
+        lines = [line.rstrip("\n") for line in f if line.strip()]
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            epoch = json.loads(line)["epoch"]
+        except (ValueError, KeyError, TypeError):
+            if number < len(lines):
+                error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
+            print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
+            continue
+        if epoch <= last_epoch:
+            kept.append(line + "\n")
+    with open(log_path + ".tmp", "w") as f:
+        f.writelines(kept)
+    os.replace(log_path + ".tmp", log_path)
 
 
 def finite(action, epoch):
@@ -444,8 +470,14 @@ def plot_skills(coordinates, colors, path, title, env_id):
 def main(args, ckpt=None):
     spec = envs.ENV_SPECS[args.env_id]
     run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)
+    # a resumed run goes on in its checkpoint's folder, whatever the working directory
+    run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
+    # Ctrl-C ends the run with one line naming the checkpoint to resume from (atomic writes keep it whole)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    signal.signal(signal.SIGINT, lambda *_: error(
+        f"interrupted; resume with --resume {checkpoint_path}" if os.path.isfile(checkpoint_path)
+        else "interrupted before the first checkpoint; nothing to resume"))
     steps_per_epoch = args.num_envs * spec.horizon
     num_epochs = args.total_env_steps // steps_per_epoch
     if args.track:
@@ -535,12 +567,7 @@ def main(args, ckpt=None):
         except (KeyError, RuntimeError, ValueError) as e:  # the state of another version of this script
             error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
         # evaluations logged after this checkpoint (the run stopped before writing its next one) are done again
-        log_path = os.path.join(run_dir, "eval.jsonl")
-        if os.path.isfile(log_path):
-            with open(log_path) as f:
-                kept = [line for line in f if json.loads(line)["epoch"] <= start_epoch]
-            with open(log_path, "w") as f:
-                f.writelines(kept)
+        truncate_log(os.path.join(run_dir, "eval.jsonl"), start_epoch)
         print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
 
     def save_checkpoint(epoch):
@@ -554,8 +581,16 @@ def main(args, ckpt=None):
                  "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
                  **{name: module.state_dict() for name, module in modules.items()}}
         path = os.path.join(run_dir, "checkpoint.pt")
-        torch.save(state, path + ".tmp")
-        os.replace(path + ".tmp", path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+        try:  # atomic: a crash, a kill or a full disk mid-write leaves the previous checkpoint intact, no .tmp behind
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.remove(path + ".tmp")
+            if isinstance(e, (OSError, RuntimeError)):  # torch reports a full disk as a RuntimeError
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:120]
+                error(f"cannot write {path} ({reason}); the previous checkpoint is intact")
+            raise
 
     @torch.no_grad()
     @record_function("evaluation")
@@ -731,6 +766,7 @@ def main(args, ckpt=None):
     writer.close()
     if args.track:
         wandb.finish()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as before the run
     print(f"done: {run_dir}")
 
 

@@ -31,6 +31,7 @@ Deliberate differences from the official code: the goals and the episodes have t
 official evaluation draws them from the training run's streams), and the progress metric is an addition.
 """
 
+import contextlib
 import importlib
 import json
 import os
@@ -52,6 +53,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 GOAL_AGENTS = ("csf", "metra", "diayn", "visr")  # the agents the paper evaluates on goals (spec §2.7)
 RADII = (3.0, 1.0)
+NETWORKS = ("phi", "actor")  # what a checkpoint must hold, besides its args and epoch
+ARGS_USED = ("env_id", "skill_dim", "hidden_dim", "num_envs")  # the run's flags this script reads
 TASK_WORLDS = {"Kitchen": envs.KITCHEN_TASKS, "Robobin": envs.ROBOBIN_TASKS}  # worlds whose goals are named tasks
 
 
@@ -76,6 +79,24 @@ def error(message):
     sys.exit(f"goal_reaching.py: error: {message}")
 
 
+def write_atomically(path, write):
+    """Write `path` by `write(temporary path)`, then rename it into place: a write that fails (a full disk, a
+    read-only folder) leaves the earlier file whole and no temporary behind, and ends with one line."""
+    temporary = path + ".tmp"
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        error(f"cannot write {path}: {e.strerror or e}")
+
+
+def available_memory():
+    """Bytes of physical memory free now."""
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def parse_args(argv=None):
     """The command line, checked; returns the args and the loaded checkpoint."""
     args = tyro.cli(Args, args=argv)
@@ -97,7 +118,7 @@ def parse_args(argv=None):
         ckpt = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
         error(f"{args.checkpoint} is not a readable checkpoint ({type(e).__name__})")
-    if not isinstance(ckpt, dict) or "agent" not in ckpt or "args" not in ckpt:
+    if not isinstance(ckpt, dict) or "agent" not in ckpt or not isinstance(ckpt.get("args"), dict):
         error(f"{args.checkpoint} is not a cleanmisl checkpoint")
     if ckpt["agent"] not in GOAL_AGENTS:
         error(f"{args.checkpoint} is a {ckpt['agent']} checkpoint; the paper defines no zero-shot goal inference for "
@@ -105,6 +126,23 @@ def parse_args(argv=None):
     if ckpt["args"].get("critic") == "mlp":
         error(f"{args.checkpoint} was trained with --critic mlp: its φ reads pairs (s, s'), so there is no φ(g) - φ(s) "
               f"to infer a skill from")
+    missing = [k for k in ARGS_USED if k not in ckpt["args"]] + [
+        k for k in (*NETWORKS, "epoch") if not isinstance(ckpt.get(k), dict if k in NETWORKS else int)]
+    if missing:
+        error(f"{args.checkpoint} lacks {', '.join(missing)}: it was not written by this version of "
+              f"{ckpt['agent']}.py")
+    if ckpt["args"]["env_id"] not in envs.ENV_SPECS:
+        error(f"{args.checkpoint} was trained on {ckpt['args']['env_id']!r}, a world envs.py does not have")
+    for network in NETWORKS:
+        for key, value in ckpt[network].items():
+            if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+                error(f"{args.checkpoint} holds NaN or infinite weights ({network}.{key}): its run diverged")
+    # each goal keeps its episode's positions and metrics until the end (about 1 kB + the positions in float64)
+    spec = envs.ENV_SPECS[ckpt["args"]["env_id"]]
+    needed = args.num_goals * (1024 + 8 * (spec.horizon + 1) * spec.coord_dim)
+    if needed > available_memory():
+        error(f"--num-goals {args.num_goals} needs about {needed / 2**30:.1f} GiB for its episodes; "
+              f"{available_memory() / 2**30:.1f} GiB of memory is free")
     return args, ckpt
 
 
@@ -163,7 +201,7 @@ def plot_tasks(per_goal, tasks, path, title):
     ax.set_ylim(0, 1)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    write_atomically(path, lambda temporary: fig.savefig(temporary, dpi=100, format="png"))
     plt.close(fig)
 
 
@@ -184,7 +222,7 @@ def plot_episodes(episodes, goals, path, title):
     ax.set_aspect("equal" if goals.shape[-1] == 2 else "auto")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    write_atomically(path, lambda temporary: fig.savefig(temporary, dpi=100, format="png"))
     plt.close(fig)
 
 
@@ -207,8 +245,12 @@ def main(args, ckpt):
     gaussian = {"gaussian": True} if trained["env_id"] in getattr(agent, "GAUSSIAN_ENVS", ()) else {}  # DIAYN-Robobin
     phi = agent.Phi(env.observation_space, trained["skill_dim"], trained["hidden_dim"], **gaussian).to(device)
     actor = agent.Actor(env.observation_space, action_dim, trained["skill_dim"], trained["hidden_dim"]).to(device)
-    phi.load_state_dict(ckpt["phi"])
-    actor.load_state_dict(ckpt["actor"])
+    for network, module in (("phi", phi), ("actor", actor)):
+        try:
+            module.load_state_dict(ckpt[network])
+        except RuntimeError as e:  # other shapes or names: another version of the agent, or an edited file
+            detail = str(e).strip().splitlines()[-1].strip()  # torch's last line names a tensor and its shapes
+            error(f"{args.checkpoint}'s {network} does not fit {ckpt['agent']}.py's network ({detail})")
     phi.eval(), actor.eval()
 
     tasks = TASK_WORLDS.get(trained["env_id"])
@@ -259,8 +301,12 @@ def main(args, ckpt):
     report = {"checkpoint": args.checkpoint, "agent": ckpt["agent"], "env_id": trained["env_id"],
               "env_steps": ckpt["epoch"] * trained["num_envs"] * spec.horizon, "args": asdict(args), "results": results}
     path = os.path.join(os.path.dirname(args.checkpoint), "goal_reaching.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
+
+    def write_json(temporary):
+        with open(temporary, "w") as f:
+            json.dump(report, f, indent=1)
+
+    write_atomically(path, write_json)
     keys = list(results[variants[0]]["mean"])
     print(f"{ckpt['agent']} on {trained['env_id']}, {report['env_steps']:,} env steps, {args.num_goals} goals, "
           f"{'deterministic' if args.deterministic else 'sampled'} actions")

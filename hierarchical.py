@@ -34,12 +34,15 @@ where the official plotting script (run/paper/plot_hierarchical_control.py) aver
 the 10 before it, epoch 0 included while there are fewer.
 """
 
+import contextlib
+import hashlib
 import importlib
 import json
 import math
 import os
 import random
 import resource
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -142,6 +145,30 @@ def error(message):
     sys.exit(f"hierarchical.py: error: {message}")
 
 
+def truncate_log(log_path, last_epoch):
+    """Keep the evaluations of eval.jsonl up to `last_epoch` (a resumed run does the later ones again), rewritten
+    atomically. Blank lines and a torn last line (a crash while it was written) are dropped, the latter with a
+    warning; any other line that is not an evaluation ends the run with one line."""
+    if not os.path.isfile(log_path):
+        return
+    with open(log_path) as f:
+        lines = [line.rstrip("\n") for line in f if line.strip()]
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            epoch = json.loads(line)["epoch"]
+        except (ValueError, KeyError, TypeError):
+            if number < len(lines):
+                error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
+            print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
+            continue
+        if epoch <= last_epoch:
+            kept.append(line + "\n")
+    with open(log_path + ".tmp", "w") as f:
+        f.writelines(kept)
+    os.replace(log_path + ".tmp", log_path)
+
+
 def in_range(value, interval):
     """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
     low, high = (float(end) for end in interval[1:-1].split(","))
@@ -158,9 +185,18 @@ def load_file(path, what):
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
         error(f"{path} is not a readable checkpoint ({type(e).__name__})")
-    if not isinstance(ckpt, dict) or "agent" not in ckpt or "args" not in ckpt:
+    if not isinstance(ckpt, dict) or "agent" not in ckpt or not isinstance(ckpt.get("args"), dict):
         error(f"{path} is not a cleanmisl checkpoint")
     return ckpt
+
+
+def actor_digest(child_ckpt):
+    """A SHA-256 of the child's actor weights: what a resumed run checks it is still over the same skills."""
+    digest = hashlib.sha256()
+    for key, value in sorted(child_ckpt["actor"].items()):
+        digest.update(key.encode())
+        digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def load_child(path, task):
@@ -174,9 +210,15 @@ def load_child(path, task):
     ckpt = load_file(path, "checkpoint")
     if ckpt["agent"] not in CHILD_AGENTS:
         error(f"{path} is a {ckpt['agent']} checkpoint, not one of a skill-discovery agent ({', '.join(CHILD_AGENTS)})")
+    missing = [k for k in ("env_id", "skill_dim", "hidden_dim") if k not in ckpt["args"]]
+    if missing or not isinstance(ckpt.get("actor"), dict):
+        error(f"{path} lacks {', '.join(missing) or 'actor'}: it was not written by this version of {ckpt['agent']}.py")
     base = envs.TASKS[task].base
     if ckpt["args"]["env_id"] != base:
         error(f"{path} holds skills learned on {ckpt['args']['env_id']}; {task} needs skills learned on {base}")
+    for key, value in ckpt["actor"].items():
+        if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+            error(f"{path} holds NaN or infinite weights (actor.{key}): its run diverged")
     return path, ckpt
 
 
@@ -224,6 +266,9 @@ def parse_args(argv=None):
               f"give a larger --total-env-steps to continue it")
     child_path, child = load_child(args.checkpoint, args.task)
     args.checkpoint = child_path
+    if ckpt and ckpt.get("child_actor_sha256", actor_digest(child)) != actor_digest(child):
+        error(f"{child_path} is not the child {args.resume} was trained over: its actor's weights changed (another "
+              f"checkpoint, or its run went on); give that run's checkpoint as it was")
     return args, child, ckpt
 
 
@@ -439,8 +484,14 @@ def main(args, child_ckpt, ckpt=None):
     task = envs.TASKS[args.task]
     run_name = ckpt["run_name"] if ckpt else (f"{args.task}__hierarchical_{child_ckpt['agent']}__{args.seed}__"
                                               f"{int(time.time())}")
-    run_dir = os.path.join("runs", run_name)
+    # a resumed run goes on in its checkpoint's folder, whatever the working directory
+    run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
+    # Ctrl-C ends the run with one line naming the checkpoint to resume from (atomic writes keep it whole)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    signal.signal(signal.SIGINT, lambda *_: error(
+        f"interrupted; resume with --resume {checkpoint_path}" if os.path.isfile(checkpoint_path)
+        else "interrupted before the first checkpoint; nothing to resume"))
     steps_per_epoch = args.num_envs * SKILL_STEPS * HIGH_HORIZON  # low-level env steps
     num_epochs = args.total_env_steps // steps_per_epoch
     if args.track:
@@ -478,8 +529,13 @@ def main(args, child_ckpt, ckpt=None):
         -np.inf, np.inf, (observation_space.shape[0] - task.extra_dims,), np.float32)
     child = child_agent.Actor(child_space, train_envs.single_action_space.shape[0], child_args["skill_dim"],
                               child_args["hidden_dim"]).to(device)
-    child.load_state_dict(child_ckpt["actor"])
+    try:
+        child.load_state_dict(child_ckpt["actor"])
+    except RuntimeError as e:  # other shapes or names: another version of the agent, or an edited file
+        detail = str(e).strip().splitlines()[-1].strip()  # torch's last line names a tensor and its shapes
+        error(f"{args.checkpoint}'s actor does not fit {child_ckpt['agent']}.py's network ({detail})")
     child.requires_grad_(False)
+    child_digest = actor_digest(child_ckpt)
     child.eval()
     kind, skill_dim = skill_kind(child_ckpt), child_args["skill_dim"]
     discrete = kind == "one-hot"
@@ -571,16 +627,12 @@ def main(args, child_ckpt, ckpt=None):
         window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
         since_eval = {**window, "stats": [s.to(device) for s in window["stats"]], "start": time.time() - window["start"]}
         # evaluations logged after this checkpoint (the run stopped before writing its next one) are done again
-        log_path = os.path.join(run_dir, "eval.jsonl")
-        if os.path.isfile(log_path):
-            with open(log_path) as f:
-                kept = [line for line in f if json.loads(line)["epoch"] <= start_epoch]
-            with open(log_path, "w") as f:
-                f.writelines(kept)
+        truncate_log(os.path.join(run_dir, "eval.jsonl"), start_epoch)
         print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
 
     def save_checkpoint(epoch):
-        state = {"agent": "hierarchical", "args": asdict(args), "child_agent": child_ckpt["agent"], "run_name": run_name,
+        state = {"agent": "hierarchical", "args": asdict(args), "child_agent": child_ckpt["agent"],
+                 "child_actor_sha256": child_digest, "run_name": run_name,
                  "epoch": epoch, "grad_steps": grad_steps, "wall_time": wall_time + time.time() - segment_start,
                  "eval_returns": eval_returns, "torch_rng": torch.get_rng_state(),
                  "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
@@ -590,8 +642,16 @@ def main(args, child_ckpt, ckpt=None):
                  **({"log_alpha": log_alpha.detach().cpu(), "buffer": rb.state_dict()} if log_alpha is not None else {}),
                  **{name: module.state_dict() for name, module in modules.items()}}
         path = os.path.join(run_dir, "checkpoint.pt")
-        torch.save(state, path + ".tmp")
-        os.replace(path + ".tmp", path)  # atomic: a crash mid-write leaves the previous checkpoint intact
+        try:  # atomic: a crash, a kill or a full disk mid-write leaves the previous checkpoint intact, no .tmp behind
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.remove(path + ".tmp")
+            if isinstance(e, (OSError, RuntimeError)):  # torch reports a full disk as a RuntimeError
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:120]
+                error(f"cannot write {path} ({reason}); the previous checkpoint is intact")
+            raise
 
     def act_deterministically(obs):  # the mode (or most likely skill), in run_episodes' (action, log π, raw) form
         action = policy.mode(obs)
@@ -760,6 +820,7 @@ def main(args, child_ckpt, ckpt=None):
     writer.close()
     if args.track:
         wandb.finish()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as before the run
     print(f"done: {run_dir}")
 
 

@@ -9,8 +9,10 @@ import itertools
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import gymnasium as gym
 import imageio.v2 as imageio
@@ -165,6 +167,36 @@ def test_nan_stops_the_run_and_leaves_a_checkpoint_it_resumes_from(agent, tiny_r
     resumed, straight = load(os.path.join(run_dir, "checkpoint.pt")), load(os.path.join(uninterrupted, "checkpoint.pt"))
     for network in NETWORKS[name(agent)]:
         assert_same_state(resumed[network], straight[network], network)
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_resumed_from_elsewhere_with_a_torn_log_the_run_keeps_its_folder(agent, tmp_path, capsys):
+    """A resume run from another working directory goes on in the checkpoint's folder; a blank line and a torn last
+    line of eval.jsonl (a crash mid-write) are dropped, with a warning; a corrupt line before the end stops it."""
+    (tmp_path / "first").mkdir()
+    run_dir = run_agent(agent, tmp_path / "first", "--total-env-steps", "1200", *FIVE_EPOCHS[2:])  # epochs 0-3
+    log = os.path.join(run_dir, "eval.jsonl")
+    with open(log, "a") as f:
+        f.write('\n{"epoch": 4, "env_steps": 16')  # a blank line, then a torn one
+    (tmp_path / "elsewhere").mkdir()
+    resume = ["--resume", os.path.join(run_dir, "checkpoint.pt"), "--total-env-steps", "2000"]
+    old = os.getcwd()
+    os.chdir(tmp_path / "elsewhere")
+    try:
+        agent.main(*agent.parse_args(resume))
+        assert not os.path.exists("runs")  # no second folder
+        assert [line["epoch"] for line in read_evals(run_dir)] == [0, 2, 3, 4, 5]
+        assert f"warning: dropped the torn last line of {log}" in capsys.readouterr().err
+        with open(log) as f:
+            lines = f.readlines()
+        with open(log, "w") as f:
+            f.writelines([lines[0], "not json\n", *lines[1:]])
+        with pytest.raises(SystemExit) as stop:
+            agent.main(*agent.parse_args([*resume[:2], "--total-env-steps", "2400"]))
+    finally:
+        os.chdir(old)
+    assert str(stop.value.code) == (f"{name(agent)}.py: error: line 2 of {log} is not an evaluation; mend or delete "
+                                    "it, then resume")
 
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)
@@ -345,3 +377,49 @@ def test_manipulation_smoke_run_and_task_goals(agent, env_id, tmp_path):
         (goal,) = report["results"]["adaptive"]["per_goal"]
         tasks = envs.KITCHEN_TASKS if env_id == "Kitchen" else envs.ROBOBIN_TASKS
         assert goal["goal"] in tasks and 0 <= goal["staying_time"] <= goal["hit"] <= 1
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_ctrl_c_ends_the_run_with_one_line_naming_its_checkpoint(agent, tmp_path):
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, f"{name(agent)}.py"), *FIVE_EPOCHS,
+                                "--total-env-steps", "40000", "--checkpoint-every", "1"], cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt")) and time.time() < deadline:
+        time.sleep(0.2)
+    (checkpoint,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    relative = os.path.relpath(checkpoint, tmp_path)  # runs/<run name>/checkpoint.pt, from where the run started
+    assert stderr == f"{name(agent)}.py: error: interrupted; resume with --resume {relative}\n"
+    assert os.listdir(os.path.dirname(checkpoint)).count("checkpoint.pt.tmp") == 0
+    torch.load(checkpoint, weights_only=False)  # whole
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one(agent, tmp_path, monkeypatch):
+    """A full disk mid-checkpoint (torch raises a RuntimeError there): one line, the previous checkpoint whole on
+    disk, and no checkpoint.pt.tmp behind."""
+    real_save, saves = torch.save, itertools.count(1)
+
+    def disk_full_at_the_second(state, path):
+        if next(saves) < 2:
+            return real_save(state, path)
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 half a checkpoint")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4096 vs 868352")
+
+    with checkpoint_copies() as copies:
+        monkeypatch.setattr(torch, "save", disk_full_at_the_second)
+        with pytest.raises(SystemExit) as stop:
+            run_agent(agent, tmp_path, *FIVE_EPOCHS)  # checkpoints at epochs 3 and 5
+        monkeypatch.undo()
+    (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
+    path = os.path.join("runs", os.path.basename(run_dir), "checkpoint.pt")
+    assert str(stop.value.code) == (f"{name(agent)}.py: error: cannot write {path} ([enforce fail at "
+                                    "inline_container.cc:672] . unexpected pos 4096 vs 868352); the previous "
+                                    "checkpoint is intact")
+    assert sorted(os.listdir(run_dir)).count("checkpoint.pt.tmp") == 0
+    with open(os.path.join(run_dir, "checkpoint.pt"), "rb") as f:
+        assert f.read() == copies[3]

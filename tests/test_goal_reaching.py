@@ -1,8 +1,12 @@
 """goal_reaching.py: the metrics on scripted trajectories, the goal observations, each skill inference on hand-set
 φ outputs, end to end on tiny checkpoints of every goal-capable agent, and bad input."""
 
+import contextlib
+import copy
+import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -136,3 +140,98 @@ def test_checkpoints_of_agents_without_goal_inference_are_refused(agent, tiny_ru
     message = refuses(["--run", run_dir])
     assert message.endswith(f"is a {name(agent)} checkpoint; the paper defines no zero-shot goal inference for "
                             f"{name(agent)}, only for csf, metra, diayn, visr")
+
+
+def damaged(tmp_path, checkpoint, label, change):
+    """A copy of the checkpoint dict with `change` applied, saved as <tmp_path>/<label>/checkpoint.pt."""
+    ckpt = copy.deepcopy(checkpoint)
+    change(ckpt)
+    (tmp_path / label).mkdir()
+    torch.save(ckpt, tmp_path / label / "checkpoint.pt")
+    return str(tmp_path / label / "checkpoint.pt")
+
+
+def test_damaged_old_and_diverged_checkpoints_are_one_line(tiny_run, tmp_path):
+    run_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    good = torch.load(os.path.join(run_dir, "checkpoint.pt"), weights_only=False)
+    first_phi_weight = next(iter(good["phi"]))
+    cases = {  # what changes -> what the one line says
+        "old": (lambda c: c["args"].pop("skill_dim"), "lacks skill_dim: it was not written by this version of csf.py"),
+        "no_actor": (lambda c: c.pop("actor"), "lacks actor: it was not written by this version of csf.py"),
+        "unknown_env": (lambda c: c["args"].update(env_id="Foo"), "was trained on 'Foo', a world envs.py does not have"),
+        "args_not_a_dict": (lambda c: c.update(args=["Ant"]), "is not a cleanmisl checkpoint"),
+        "diverged": (lambda c: c["phi"][first_phi_weight].view(-1)[0].fill_(float("nan")),
+                     f"holds NaN or infinite weights (phi.{first_phi_weight}): its run diverged"),
+    }
+    for label, (change, expected) in cases.items():
+        path = damaged(tmp_path, good, label, change)
+        assert refuses(["--checkpoint", path]) == f"goal_reaching.py: error: {path} {expected}", label
+    # other shapes: found when the networks are built from the flags
+    path = damaged(tmp_path, good, "other_shapes", lambda c: c["args"].update(hidden_dim=32))
+    with pytest.raises(SystemExit) as stop:
+        reach(path, "--num-goals", "1")
+    message = str(stop.value.code)
+    assert "\n" not in message and message.startswith(f"goal_reaching.py: error: {path}'s phi does not fit csf.py's "
+                                                      "network (size mismatch for ")
+    # more goals than memory: refused before anything is drawn
+    message = refuses(["--checkpoint", os.path.join(run_dir, "checkpoint.pt"), "--num-goals", str(10**12)])
+    assert "--num-goals 1000000000000 needs about" in message and "GiB of memory is free" in message
+
+
+@contextlib.contextmanager
+def small_disk(path, megabytes):
+    """A tmpfs of `megabytes` mounted at `path` while the block runs; skips the test where none can be mounted."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'})")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def test_full_disk_and_read_only_folder_keep_the_earlier_results(tiny_run, tmp_path):
+    run_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    with small_disk(tmp_path / "disk", 16) as disk:
+        shutil.copy(os.path.join(run_dir, "checkpoint.pt"), disk)
+        checkpoint = str(disk / "checkpoint.pt")
+        reach(checkpoint, "--num-goals", "2")
+        earlier = {name: (disk / name).read_bytes() for name in ("goal_reaching.json", "goal_reaching.png")}
+        with open(disk / "filler", "wb") as f:  # fill the disk to the last byte
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        with pytest.raises(SystemExit) as stop:
+            reach(checkpoint, "--num-goals", "2", "--seed", "1")
+        assert str(stop.value.code) == (f"goal_reaching.py: error: cannot write {disk / 'goal_reaching.png'}: "
+                                        "No space left on device")
+        (disk / "filler").unlink()
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        with pytest.raises(SystemExit) as stop:
+            reach(checkpoint, "--num-goals", "2", "--seed", "1")
+        assert str(stop.value.code) == (f"goal_reaching.py: error: cannot write {disk / 'goal_reaching.png'}: "
+                                        "Read-only file system")
+        assert {name: (disk / name).read_bytes() for name in earlier} == earlier  # both results whole
+        assert sorted(os.listdir(disk)) == ["checkpoint.pt", "goal_reaching.json", "goal_reaching.png"]  # no .tmp
+
+
+def test_a_json_write_cut_short_keeps_the_earlier_result(tiny_run, tmp_path, monkeypatch):
+    """The disk fills up in the middle of goal_reaching.json (the plots fitted): the earlier file stays whole."""
+    run_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    shutil.copy(os.path.join(run_dir, "checkpoint.pt"), tmp_path)
+    checkpoint, result = str(tmp_path / "checkpoint.pt"), tmp_path / "goal_reaching.json"
+    reach(checkpoint, "--num-goals", "2")
+    earlier = result.read_bytes()
+
+    def disk_full_midway(report, f, **kwargs):
+        f.write(json.dumps(report)[:100])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(json, "dump", disk_full_midway)
+    with pytest.raises(SystemExit) as stop:
+        reach(checkpoint, "--num-goals", "2", "--seed", "1")
+    assert str(stop.value.code) == f"goal_reaching.py: error: cannot write {result}: No space left on device"
+    assert result.read_bytes() == earlier and not os.path.exists(f"{result}.tmp")

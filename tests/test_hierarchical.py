@@ -1,9 +1,11 @@
 """hierarchical.py: the action → skill mappings, GAE and the PPO loss on hand cases, a child that stays frozen, smoke
 runs of SAC (continuous and one-hot children) and PPO from tiny checkpoints the tests train, and bad input."""
 
+import copy
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -144,7 +146,7 @@ def test_default_budget_gives_ten_trained_evaluations_on_every_task(tmp_path):
     (epoch % eval_every == 0 or the last epoch), so "Return (past 10)" is ten evaluations of a trained policy."""
     for task, spec in envs.TASKS.items():
         child = tmp_path / f"{spec.base}.pt"
-        torch.save({"agent": "csf", "args": {"env_id": spec.base}}, child)
+        torch.save({"agent": "csf", "args": {"env_id": spec.base, "skill_dim": 2, "hidden_dim": 8}, "actor": {}}, child)
         args, _, _ = hierarchical.parse_args(["--checkpoint", str(child), "--task", task])
         assert args.eval_every == spec.eval_every, task  # the official periods: 100, 25 on pixels
         num_epochs = args.total_env_steps // (args.num_envs * hierarchical.SKILL_STEPS * hierarchical.HIGH_HORIZON)
@@ -179,6 +181,52 @@ def test_bad_input_is_one_line(tiny_run, tmp_path):
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+def test_damaged_old_and_diverged_children_are_one_line(tiny_run, tmp_path):
+    child_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    good = load(os.path.join(child_dir, "checkpoint.pt"))
+    first_weight = next(iter(good["actor"]))
+    cases = {  # what changes -> what the one line says
+        "old": (lambda c: c["args"].pop("skill_dim"), "lacks skill_dim: it was not written by this version of csf.py"),
+        "no_actor": (lambda c: c.pop("actor"), "lacks actor: it was not written by this version of csf.py"),
+        "unknown_env": (lambda c: c["args"].update(env_id="Foo"),
+                        "holds skills learned on Foo; AntMultiGoal needs skills learned on Ant"),
+        "args_not_a_dict": (lambda c: c.update(args=["Ant"]), "is not a cleanmisl checkpoint"),
+        "diverged": (lambda c: c["actor"][first_weight].view(-1)[0].fill_(float("inf")),
+                     f"holds NaN or infinite weights (actor.{first_weight}): its run diverged"),
+    }
+    for label, (change, expected) in cases.items():
+        ckpt = copy.deepcopy(good)
+        change(ckpt)
+        torch.save(ckpt, tmp_path / f"{label}.pt")
+        path = str(tmp_path / f"{label}.pt")
+        assert refuses(["--checkpoint", path, "--task", "AntMultiGoal"]) == f"hierarchical.py: error: {path} {expected}"
+    # other shapes: found when the child's network is built from its flags
+    ckpt = copy.deepcopy(good)
+    ckpt["args"]["hidden_dim"] = 32
+    torch.save(ckpt, tmp_path / "other_shapes.pt")
+    (tmp_path / "run").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        run_agent(hierarchical, tmp_path / "run", "--checkpoint", str(tmp_path / "other_shapes.pt"), "--task",
+                  "AntMultiGoal", "--total-env-steps", "400", "--grad-steps-per-epoch", "0", *TINY)
+    assert str(stop.value.code).startswith(f"hierarchical.py: error: {tmp_path / 'other_shapes.pt'}'s actor does not "
+                                           "fit csf.py's network (size mismatch for ")
+
+
+def test_resume_refuses_a_child_that_changed(tiny_run, tmp_path):
+    child_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    shutil.copy(os.path.join(child_dir, "checkpoint.pt"), tmp_path / "child.pt")
+    run_dir = run_agent(hierarchical, tmp_path, "--checkpoint", str(tmp_path / "child.pt"), "--task", "AntMultiGoal",
+                        "--total-env-steps", "400", "--grad-steps-per-epoch", "0", *TINY)
+    resume = ["--resume", os.path.join(run_dir, "checkpoint.pt"), "--total-env-steps", "800"]
+    assert hierarchical.parse_args(resume)[1]["agent"] == "csf"  # the same child: accepted
+    other = load(tmp_path / "child.pt")
+    next(iter(other["actor"].values())).view(-1)[0] += 1.0  # as if its run had gone on
+    torch.save(other, tmp_path / "child.pt")
+    assert refuses(resume) == (f"hierarchical.py: error: {tmp_path / 'child.pt'} is not the child "
+                               f"{os.path.join(run_dir, 'checkpoint.pt')} was trained over: its actor's weights changed "
+                               "(another checkpoint, or its run went on); give that run's checkpoint as it was")
+
+
 def test_ppo_over_a_dads_child_scales_its_actions(tmp_path):
     (tmp_path / "child").mkdir()
     child_dir = run_agent(dads, tmp_path / "child", "--env-id", "HalfCheetah", "--total-env-steps", "400",
@@ -206,3 +254,24 @@ def test_resume_logs_each_evaluation_once(tiny_run, tmp_path):
                      "--total-env-steps", "1200") == run_dir
     lines = read_evals(run_dir)
     assert [line["epoch"] for line in lines] == [0, 1, 2, 3] and lines[-1]["return"] >= 0
+
+
+def test_resumed_from_elsewhere_with_a_torn_log_the_run_keeps_its_folder(tiny_run, tmp_path, capsys):
+    child_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    (tmp_path / "first").mkdir()
+    run_dir = run_agent(hierarchical, tmp_path / "first", "--checkpoint", child_dir, "--task", "AntMultiGoal",
+                        "--grad-steps-per-epoch", "0", "--total-env-steps", "800", *TINY)  # epochs 0-2
+    log = os.path.join(run_dir, "eval.jsonl")
+    with open(log, "a") as f:
+        f.write('\n{"epoch": 3, "ret')  # a blank line, then a torn one (a crash mid-write)
+    (tmp_path / "elsewhere").mkdir()
+    old = os.getcwd()
+    os.chdir(tmp_path / "elsewhere")
+    try:
+        hierarchical.main(*hierarchical.parse_args(["--resume", os.path.join(run_dir, "checkpoint.pt"),
+                                                    "--total-env-steps", "1200"]))
+        assert not os.path.exists("runs")  # the run went on in its own folder
+    finally:
+        os.chdir(old)
+    assert [line["epoch"] for line in read_evals(run_dir)] == [0, 1, 2, 3]
+    assert f"warning: dropped the torn last line of {log}" in capsys.readouterr().err
