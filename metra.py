@@ -180,6 +180,25 @@ def error(message):
     sys.exit(f"metra.py: error: {message}")
 
 
+def resume_hint(checkpoint_path):
+    """What a stopped run can be resumed from."""
+    if os.path.isfile(checkpoint_path):
+        return f"resume with --resume {checkpoint_path}"
+    return "no checkpoint was written yet"
+
+
+def non_finite(state, prefix=""):
+    """The names of the float tensors holding NaN or inf in a (nested) state dict, such as
+    "actor_optimizer.state.0.exp_avg_sq"."""
+    if torch.is_tensor(state):
+        return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
+    if isinstance(state, dict):
+        return [name for key, value in state.items() for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
+    if isinstance(state, (list, tuple)):
+        return [name for i, value in enumerate(state) for name in non_finite(value, f"{prefix}.{i}")]
+    return []
+
+
 def truncate_log(log_path, last_epoch):
     """Keep the evaluations of eval.jsonl up to `last_epoch` (a resumed run does the later ones again), rewritten
     atomically. Blank lines and a torn last line (a crash while it was written) are dropped, the latter with a
@@ -518,9 +537,7 @@ def main(args, ckpt=None):
     os.makedirs(run_dir, exist_ok=True)
     # Ctrl-C ends the run with one line naming the checkpoint to resume from (atomic writes keep it whole)
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    signal.signal(signal.SIGINT, lambda *_: error(
-        f"interrupted; resume with --resume {checkpoint_path}" if os.path.isfile(checkpoint_path)
-        else "interrupted before the first checkpoint; nothing to resume"))
+    signal.signal(signal.SIGINT, lambda *_: error(f"interrupted; {resume_hint(checkpoint_path)}"))
     steps_per_epoch = args.num_envs * spec.horizon
     num_epochs = args.total_env_steps // steps_per_epoch
     contrastive = args.repr_loss == "contrastive"
@@ -625,6 +642,10 @@ def main(args, ckpt=None):
                  "env_rngs": [e.unwrapped.np_random.bit_generator.state for e in train_envs.envs + eval_envs.envs],
                  "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
                  **{name: module.state_dict() for name, module in modules.items()}}
+        diverged = non_finite({name: module.state_dict() for name, module in modules.items()})
+        if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite: never saved as good
+            error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
+                  f"{resume_hint(checkpoint_path)}")
         path = os.path.join(run_dir, "checkpoint.pt")
         try:  # atomic: a crash, a kill or a full disk mid-write leaves the previous checkpoint intact, no .tmp behind
             torch.save(state, path + ".tmp")
@@ -813,7 +834,7 @@ def main(args, ckpt=None):
                 step, which = bad.nonzero()[0].tolist()
                 name = stat_names[loss_columns[which]]
                 error(f"{name} is {losses[step, loss_columns[which]].item()} at gradient step {grad_steps + step + 1} "
-                      f"(epoch {epoch}); the last good checkpoint is in {run_dir}")
+                      f"(epoch {epoch}); {resume_hint(checkpoint_path)}")
             grad_steps += args.grad_steps_per_epoch
             since_eval["train_time"] += time.time() - train_start
             since_eval["grad_steps"] += args.grad_steps_per_epoch

@@ -2,6 +2,7 @@
 runs of SAC (continuous and one-hot children) and PPO from tiny checkpoints the tests train, and bad input."""
 
 import copy
+import glob
 import json
 import math
 import os
@@ -275,3 +276,20 @@ def test_resumed_from_elsewhere_with_a_torn_log_the_run_keeps_its_folder(tiny_ru
         os.chdir(old)
     assert [line["epoch"] for line in read_evals(run_dir)] == [0, 1, 2, 3]
     assert f"warning: dropped the torn last line of {log}" in capsys.readouterr().err
+
+
+def test_an_overflowed_optimizer_is_never_checkpointed(tmp_path):
+    """--entropy-coef 1e30 keeps every loss finite but overflows Adam's second moments: the run stops with one line
+    at the checkpoint instead of writing it and finishing."""
+    (tmp_path / "child").mkdir()
+    child_dir = run_agent(dads, tmp_path / "child", "--env-id", "HalfCheetah", "--total-env-steps", "400",
+                          "--num-envs", "2", "--learning-starts", "400", "--grad-steps-per-epoch", "1",
+                          "--batch-size", "8", "--hidden-dim", "8", "--num-eval-skills", "1", "--no-cuda")
+    (tmp_path / "high").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        run_agent(hierarchical, tmp_path / "high", "--checkpoint", child_dir, "--task", "HalfCheetahGoal",
+                  "--total-env-steps", "800", "--grad-steps-per-epoch", "2", "--entropy-coef", "1e30", *TINY)
+    message = str(stop.value.code)
+    assert message.startswith("hierarchical.py: error: policy_optimizer.state.") and "holds NaN or inf at epoch 1" in message
+    assert message.endswith("the run diverged; no checkpoint was written yet")
+    assert not glob.glob(str(tmp_path / "high" / "runs" / "*" / "checkpoint.pt*"))
