@@ -24,10 +24,11 @@ Rendering is headless: OSMesa on a CPU, EGL on a machine with a GPU render node 
 in two looks (`resolve_render_quality`; $CLEANMISL_RENDER or render_quality=): "official", as the official code
 drew them (shadows, 4× multisampling, 8× on Kitchen, floor reflections, Kitchen's visual arm meshes of 134k
 faces), and "fast", without any of these. The default is "official" on a GPU render node and "fast" elsewhere,
-because on a CPU the official look costs 11-68× more (benchmarks/render_quality.py, OSMesa, ms per 64×64 frame:
-Quadruped 50 against 3.0, Humanoid 54 against 3.2, Kitchen 823 against 12, Robobin 92 against 8.4). The fast frames
-differ from the official ones by 9-21 of 255 levels on average (10-33% of the pixels by more than 32): no
-shadows, no reflections, unsmoothed edges. Both looks see the same physics.
+because on a CPU the official look costs 2-70× more (benchmarks/render_quality.py, OSMesa, ms per 64×64 frame:
+Quadruped 49 against 3.0, Humanoid 55 against 3.5, Kitchen 718 against 10, Robobin 19 against 8.2). The fast frames
+differ from the official ones by 3-22 of 255 levels on average (6-23% of the pixels by more than 32): no shadows
+(Robobin's lights cast none), no reflections, unsmoothed edges, and Kitchen's arm drawn with its collision meshes.
+Both looks see the same physics.
 
 Where the worlds depart from the official ones, which ran on MuJoCo 2.2.1 through dm_control:
 - Kitchen: gymnasium-robotics' copy of D4RL's kitchen scene, with the official end-effector file's mocap body and
@@ -1145,15 +1146,19 @@ def make_task(task, render_mode=None, render_quality=None):
 
 # ---------------------------------------------------------------- gymnasium ids
 
-# Every world and task is a gymnasium env: gym.make("cleanmisl/Ant-v0"), ..., gym.make("cleanmisl/AntMultiGoal-v0")
-# once this module is imported, or gym.make("envs:cleanmisl/Ant-v0"), which imports it. Keyword arguments:
-# render_mode (None or "rgb_array") and render_quality (see resolve_render_quality).
-for _name, _spec in ENV_SPECS.items():
-    gym.register(f"cleanmisl/{_name}-v0", f"{__name__}:{WORLDS[_name].__name__}", max_episode_steps=_spec.horizon)
-for _name, _spec in TASKS.items():
-    _entry, _kwargs = ("HurdleEnv", {}) if _name == "HalfCheetahHurdle" else ("GoalTask", {"task": _name})
-    gym.register(f"cleanmisl/{_name}-v0", f"{__name__}:{_entry}", max_episode_steps=ENV_SPECS[_spec.base].horizon,
-                 kwargs=_kwargs)
+def _register():
+    """Every world and task as a gymnasium env with its time limit: gym.make("cleanmisl/Ant-v0"), ...,
+    gym.make("cleanmisl/AntMultiGoal-v0") once this module is imported, or gym.make("envs:cleanmisl/Ant-v0"), which
+    imports it. Keyword arguments: render_mode (None or "rgb_array") and render_quality (resolve_render_quality)."""
+    for name, spec in ENV_SPECS.items():
+        gym.register(f"cleanmisl/{name}-v0", f"{__name__}:{WORLDS[name].__name__}", max_episode_steps=spec.horizon)
+    for name, task in TASKS.items():
+        entry, kwargs = ("HurdleEnv", {}) if name == "HalfCheetahHurdle" else ("GoalTask", {"task": name})
+        gym.register(f"cleanmisl/{name}-v0", f"{__name__}:{entry}", kwargs=kwargs,
+                     max_episode_steps=ENV_SPECS[task.base].horizon)
+
+
+_register()
 
 
 class PixelEncoder(nn.Module):

@@ -2,11 +2,11 @@
 coverage at every evaluation, one table.
 
     python benchmarks/manipulation_short.py --env-id Kitchen   # about an hour on one CPU core
-    python benchmarks/manipulation_short.py --env-id Robobin   # about an hour on one CPU core
+    python benchmarks/manipulation_short.py --env-id Robobin   # about an hour and a half on one CPU core
     python benchmarks/manipulation_short.py --env-id Kitchen --report-only   # rebuild the table from the finished run
 
 The run works in benchmarks/runs/csf_<world>/ (its runs/ folder and stdout log), with the paper's settings for
-the world except what a CPU hour allows: width 256 (paper 1024), batch 64 (256), 5 gradient steps per epoch
+the world except what about an hour of a CPU core allows: width 256 (paper 1024), batch 64 (256), 5 gradient steps per epoch
 (100), learning from 2,000 transitions, 16 evaluation rollouts, and the budget and evaluation period below
 (paper 4.8M env steps). Coverage: Kitchen, how many of its 6 tasks some evaluation rollout achieved; Robobin,
 the number of distinct (hand, block, block) positions on a 1 cm grid that the evaluation rollouts visited. The
