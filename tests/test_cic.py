@@ -89,3 +89,12 @@ def test_evaluation_period_is_the_official_cic_one():
         args, _ = cic.parse_args(["--env-id", env_id])
         assert (args.eval_every, args.checkpoint_every) == (period, period), env_id
     assert cic.parse_args(["--env-id", "HalfCheetah", "--eval-every", "1000"])[0].eval_every == 1000  # a set flag wins
+
+
+def test_help_says_alpha_is_always_tuned(capsys):
+    # CIC tunes α on every world (the help text once said "fixed at it on Kitchen", METRA's rule, not CIC's)
+    with pytest.raises(SystemExit):
+        cic.parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "tuned automatically towards entropy -|A|/2 on every env" in help_text
+    assert "fixed at it on Kitchen" not in help_text
