@@ -597,20 +597,20 @@ def main(args, ckpt=None):
                  "env_rngs": [e.unwrapped.np_random.bit_generator.state for e in train_envs.envs + eval_envs.envs],
                  "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
                  **{name: module.state_dict() for name, module in modules.items()}}
-        diverged = non_finite({name: module.state_dict() for name, module in modules.items()})
+        diverged = non_finite({name: state[name] for name in modules})
         if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite: never saved as good
             error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
                   f"{resume_hint(checkpoint_path)}")
-        path = os.path.join(run_dir, "checkpoint.pt")
+        temporary = checkpoint_path + ".tmp"
         try:  # atomic: a crash, a kill or a full disk mid-write leaves the previous checkpoint intact, no .tmp behind
-            torch.save(state, path + ".tmp")
-            os.replace(path + ".tmp", path)
+            torch.save(state, temporary)
+            os.replace(temporary, checkpoint_path)
         except BaseException as e:
             with contextlib.suppress(OSError):
-                os.remove(path + ".tmp")
+                os.remove(temporary)
             if isinstance(e, (OSError, RuntimeError)):  # torch reports a full disk as a RuntimeError
                 reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:120]
-                error(f"cannot write {path} ({reason}); the previous checkpoint is intact")
+                error(f"cannot write {checkpoint_path} ({reason}); {resume_hint(checkpoint_path)}")
             raise
 
     @torch.no_grad()

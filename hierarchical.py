@@ -231,7 +231,8 @@ def load_child(path, task):
         error(f"{path} is a {ckpt['agent']} checkpoint, not one of a skill-discovery agent ({', '.join(CHILD_AGENTS)})")
     missing = [k for k in ("env_id", "skill_dim", "hidden_dim") if k not in ckpt["args"]]
     if missing or not isinstance(ckpt.get("actor"), dict):
-        error(f"{path} lacks {', '.join(missing) or 'actor'}: it was not written by this version of {ckpt['agent']}.py")
+        error(f"{path} lacks {', '.join(missing) or 'actor'}: it was not written by this version of "
+              f"{ckpt['agent']}.py")
     base = envs.TASKS[task].base
     if ckpt["args"]["env_id"] != base:
         error(f"{path} holds skills learned on {ckpt['args']['env_id']}; {task} needs skills learned on {base}")
@@ -285,7 +286,7 @@ def parse_args(argv=None):
               f"give a larger --total-env-steps to continue it")
     child_path, child = load_child(args.checkpoint, args.task)
     args.checkpoint = child_path
-    if ckpt and ckpt.get("child_actor_sha256", actor_digest(child)) != actor_digest(child):
+    if ckpt and "child_actor_sha256" in ckpt and ckpt["child_actor_sha256"] != actor_digest(child):
         error(f"{child_path} is not the child {args.resume} was trained over: its actor's weights changed (another "
               f"checkpoint, or its run went on); give that run's checkpoint as it was")
     return args, child, ckpt
@@ -658,20 +659,20 @@ def main(args, child_ckpt, ckpt=None):
                  "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
                  **({"log_alpha": log_alpha.detach().cpu(), "buffer": rb.state_dict()} if log_alpha is not None else {}),
                  **{name: module.state_dict() for name, module in modules.items()}}
-        diverged = non_finite({name: module.state_dict() for name, module in modules.items()})
+        diverged = non_finite({name: state[name] for name in modules})
         if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite: never saved as good
             error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
                   f"{resume_hint(checkpoint_path)}")
-        path = os.path.join(run_dir, "checkpoint.pt")
+        temporary = checkpoint_path + ".tmp"
         try:  # atomic: a crash, a kill or a full disk mid-write leaves the previous checkpoint intact, no .tmp behind
-            torch.save(state, path + ".tmp")
-            os.replace(path + ".tmp", path)
+            torch.save(state, temporary)
+            os.replace(temporary, checkpoint_path)
         except BaseException as e:
             with contextlib.suppress(OSError):
-                os.remove(path + ".tmp")
+                os.remove(temporary)
             if isinstance(e, (OSError, RuntimeError)):  # torch reports a full disk as a RuntimeError
                 reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:120]
-                error(f"cannot write {path} ({reason}); the previous checkpoint is intact")
+                error(f"cannot write {checkpoint_path} ({reason}); {resume_hint(checkpoint_path)}")
             raise
 
     def act_deterministically(obs):  # the mode (or most likely skill), in run_episodes' (action, log π, raw) form

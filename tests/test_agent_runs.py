@@ -418,8 +418,8 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one(agent, tmp_
     (run_dir,) = glob.glob(str(tmp_path / "runs" / "*"))
     path = os.path.join("runs", os.path.basename(run_dir), "checkpoint.pt")
     assert str(stop.value.code) == (f"{name(agent)}.py: error: cannot write {path} ([enforce fail at "
-                                    "inline_container.cc:672] . unexpected pos 4096 vs 868352); the previous "
-                                    "checkpoint is intact")
+                                    "inline_container.cc:672] . unexpected pos 4096 vs 868352); resume with "
+                                    f"--resume {path}")
     assert sorted(os.listdir(run_dir)).count("checkpoint.pt.tmp") == 0
     with open(os.path.join(run_dir, "checkpoint.pt"), "rb") as f:
         assert f.read() == copies[3]
