@@ -47,10 +47,12 @@ import contextlib
 import json
 import math
 import os
+import pathlib
 import random
 import resource
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
@@ -189,9 +191,62 @@ def truncate_log(log_path, last_epoch):
             continue
         if epoch <= last_epoch:
             kept.append(line + "\n")
-    with open(log_path + ".tmp", "w") as f:
-        f.writelines(kept)
-    os.replace(log_path + ".tmp", log_path)
+    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text("".join(kept)),
+                     resume_hint(os.path.join(os.path.dirname(log_path), "checkpoint.pt")))
+
+
+def write_atomically(path, write, hint):
+    """Write `path` by `write(temporary path)`, then rename it into place: a write that fails (a full disk, a
+    read-only folder) leaves the earlier file whole and no temporary behind, and ends the run with one line."""
+    root, extension = os.path.splitext(path)
+    temporary = f"{root}.tmp{extension}"  # the extension tells savefig and imageio the format
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except BaseException as e:  # a failed write, or Ctrl-C or an error mid-write: no temporary left behind
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a failed write as a RuntimeError
+            raise
+        if isinstance(e, OSError):
+            reason = e.strerror or str(e)
+        elif "unexpected pos" in str(e) or "write failed" in str(e):
+            reason = "the write was cut short: is the disk full?"
+        else:
+            reason = " ".join(str(e).split())[:120]
+        error(f"cannot write {path} ({reason}); {hint}")
+
+
+def free_memory(device):
+    """Bytes of memory free now: the GPU's, or the host's (MemAvailable); inf where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return math.inf
+
+
+def check_memory(args, observation_space, action_dim, horizon, frame_stack, device):
+    """Refuse, before anything is allocated, a run that cannot fit in the memory free now, with what it needs.
+    Lower bounds: the replay buffer in host memory; on the device, the hidden-by-hidden weights of the
+    discriminator, Q1, Q2 and π with their gradients and Adam's two moments plus Q's two targets, and one batch of
+    float observations and 8 hidden activations per transition."""
+    frame_bytes = math.prod(observation_space.shape) // frame_stack * observation_space.dtype.itemsize
+    trajectories = args.buffer_size // horizon
+    host = {"the replay buffer (--buffer-size)":
+            trajectories * ((horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim))}
+    on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2),
+                 "one batch (--batch-size)": 4 * args.batch_size * (2 * math.prod(observation_space.shape)
+                                                                    + 8 * args.hidden_dim)}
+    places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
+    for place, parts in places.items():
+        free = free_memory(device if place == "GPU" else torch.device("cpu"))
+        if sum(parts.values()) > free:
+            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: "
+                  + ", ".join(f"{name} {size / 2**30:,.1f}" for name, size in parts.items())
+                  + f"; {free / 2**30:,.1f} GiB is free")
 
 
 def finite(action, epoch):
@@ -447,14 +502,13 @@ def skill_colors(skills, gaussian):
     return plt.cm.hsv(skills.argmax(-1) / skills.shape[-1])
 
 
-def plot_skills(coordinates, colors, path, title, env_id):
+def plot_skills(coordinates, colors, title, env_id):
     """The evaluation trajectories, one colour per skill."""
     fig, ax = plt.subplots(figsize=(5, 5))
     envs.draw_coordinates(ax, coordinates, colors, env_id)
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def main(args, ckpt=None):
@@ -473,6 +527,9 @@ def main(args, ckpt=None):
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
+    # TensorBoard writes from a thread: a failed write (a full disk) is raised again at the next add_scalar, and
+    # ends the run with one line there; its thread stays quiet
+    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 
@@ -505,6 +562,7 @@ def main(args, ckpt=None):
     observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
     action_dim = train_envs.single_action_space.shape[0]
     d = args.skill_dim
+    check_memory(args, observation_space, action_dim, spec.horizon, spec.frame_stack, device)
 
     # ------------------------------------------------------------ networks and optimizers
     phi = Phi(observation_space, d, args.hidden_dim, gaussian).to(device)
@@ -565,17 +623,8 @@ def main(args, ckpt=None):
         if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite: never saved as good
             error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
                   f"{resume_hint(checkpoint_path)}")
-        temporary = checkpoint_path + ".tmp"
-        try:  # atomic: a crash, a kill or a full disk mid-write leaves the previous checkpoint intact, no .tmp behind
-            torch.save(state, temporary)
-            os.replace(temporary, checkpoint_path)
-        except BaseException as e:
-            with contextlib.suppress(OSError):
-                os.remove(temporary)
-            if isinstance(e, (OSError, RuntimeError)):  # torch reports a full disk as a RuntimeError
-                reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:120]
-                error(f"cannot write {checkpoint_path} ({reason}); {resume_hint(checkpoint_path)}")
-            raise
+        # atomic: a crash, a kill or a full disk mid-write leaves the previous checkpoint intact
+        write_atomically(checkpoint_path, lambda temporary: torch.save(state, temporary), resume_hint(checkpoint_path))
 
     @torch.no_grad()
     @record_function("evaluation")
@@ -611,18 +660,26 @@ def main(args, ckpt=None):
                                                      for b in batches]).float().mean().item()
         result.update(epoch_stats)  # training means since the last evaluation
         result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-        plot_skills(coordinates, skill_colors(skills.numpy(), gaussian), os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
-                    f"DIAYN {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}", args.env_id)
+        # every file whole or not at all: a full disk or a read-only folder ends the run with one line
+        hint = resume_hint(checkpoint_path)
+        fig = plot_skills(coordinates, skill_colors(skills.numpy(), gaussian),
+                          f"DIAYN {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}", args.env_id)
+        write_atomically(os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
+                         lambda temporary: fig.savefig(temporary, dpi=100), hint)
+        plt.close(fig)
         if frames:
             import imageio
 
             os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
-            imageio.mimsave(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"), frames, fps=20)
+            write_atomically(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"),
+                             lambda temporary: imageio.mimsave(temporary, frames, fps=20), hint)
         for key in ("coverage", "disc_accuracy", "disc_log_likelihood"):
             if key in result:
                 writer.add_scalar(f"eval/{key}", result[key], env_steps)
-        with open(os.path.join(run_dir, "eval.jsonl"), "a") as f:
-            f.write(json.dumps(result) + "\n")
+        log_path = os.path.join(run_dir, "eval.jsonl")
+        logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
+        write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text(
+            logged + json.dumps(result) + "\n"), hint)
         shown = ("disc_accuracy", "disc_log_likelihood", *epoch_stats)
         print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | "
               + " | ".join(f"{k} {result[k]:.4g}" for k in shown if k in result))
@@ -769,4 +826,8 @@ def load_checkpoint(path):
 
 
 if __name__ == "__main__":
-    main(*parse_args())
+    args, ckpt = parse_args()
+    try:
+        main(args, ckpt)
+    except OSError as e:  # the run's folder or TensorBoard's file cannot be written (read-only, a full disk)
+        error(f"cannot write {os.fsdecode(e.filename) if e.filename else 'the TensorBoard log'} ({e.strerror or e})")

@@ -34,6 +34,7 @@ official evaluation draws them from the training run's streams), and the progres
 import contextlib
 import importlib
 import json
+import math
 import os
 import random
 import sys
@@ -93,8 +94,12 @@ def write_atomically(path, write):
 
 
 def available_memory():
-    """Bytes of physical memory free now."""
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    """Bytes of memory free now (MemAvailable: what can be had without swapping); inf where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return math.inf
 
 
 def parse_args(argv=None):

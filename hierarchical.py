@@ -40,10 +40,12 @@ import importlib
 import json
 import math
 import os
+import pathlib
 import random
 import resource
 import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
@@ -183,9 +185,63 @@ def truncate_log(log_path, last_epoch):
             continue
         if epoch <= last_epoch:
             kept.append(line + "\n")
-    with open(log_path + ".tmp", "w") as f:
-        f.writelines(kept)
-    os.replace(log_path + ".tmp", log_path)
+    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text("".join(kept)),
+                     resume_hint(os.path.join(os.path.dirname(log_path), "checkpoint.pt")))
+
+
+def write_atomically(path, write, hint):
+    """Write `path` by `write(temporary path)`, then rename it into place: a write that fails (a full disk, a
+    read-only folder) leaves the earlier file whole and no temporary behind, and ends the run with one line."""
+    root, extension = os.path.splitext(path)
+    temporary = f"{root}.tmp{extension}"  # the extension tells savefig and imageio the format
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except BaseException as e:  # a failed write, or Ctrl-C or an error mid-write: no temporary left behind
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a failed write as a RuntimeError
+            raise
+        if isinstance(e, OSError):
+            reason = e.strerror or str(e)
+        elif "unexpected pos" in str(e) or "write failed" in str(e):
+            reason = "the write was cut short: is the disk full?"
+        else:
+            reason = " ".join(str(e).split())[:120]
+        error(f"cannot write {path} ({reason}); {hint}")
+
+
+def free_memory(device):
+    """Bytes of memory free now: the GPU's, or the host's (MemAvailable); inf where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return math.inf
+
+
+def check_memory(args, observation_space, skill_dim, sac, device):
+    """Refuse, before anything is allocated, a run that cannot fit in the memory free now, with what it needs.
+    Lower bounds: SAC's episode buffer in host memory; on the device, the hidden-by-hidden weights of the policy and
+    of Q1 and Q2 (SAC) or V (PPO) with their gradients and Adam's two moments plus SAC's two target Qs, and one
+    batch of float observations and 8 hidden activations per transition."""
+    spaces = observation_space.spaces.values() if isinstance(observation_space, gym.spaces.Dict) else [observation_space]
+    obs_size = sum(math.prod(space.shape) for space in spaces)
+    obs_bytes = sum(math.prod(space.shape) * space.dtype.itemsize for space in spaces)
+    episodes = max(args.buffer_size // HIGH_HORIZON, 1)
+    host = {"the episode buffer (--buffer-size)":
+            episodes * ((HIGH_HORIZON + 1) * obs_bytes + HIGH_HORIZON * (8 + 4 * skill_dim)) if sac else 0}
+    on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (3 * 4 + 2 if sac else 2 * 4),
+                 "one batch (--batch-size)": 4 * args.batch_size * (2 * obs_size + 8 * args.hidden_dim)}
+    places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
+    for place, parts in places.items():
+        free = free_memory(device if place == "GPU" else torch.device("cpu"))
+        if sum(parts.values()) > free:
+            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: "
+                  + ", ".join(f"{name} {size / 2**30:,.1f}" for name, size in parts.items())
+                  + f"; {free / 2**30:,.1f} GiB is free")
 
 
 def in_range(value, interval):
@@ -476,7 +532,7 @@ class EpisodeBuffer:
 
 
 # ---------------------------------------------------------------- evaluation plot
-def plot_episodes(coordinates, goals, path, title):
+def plot_episodes(coordinates, goals, title):
     """Low-level trajectories of the evaluation episodes, each goal a star of its episode's colour (x against time
     on HalfCheetah)."""
     colors = plt.cm.hsv(np.linspace(0, 1, len(coordinates), endpoint=False))
@@ -496,8 +552,7 @@ def plot_episodes(coordinates, goals, path, title):
     ax.set_aspect("equal" if coordinates.shape[-1] == 2 else "auto")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def main(args, child_ckpt, ckpt=None):
@@ -517,6 +572,9 @@ def main(args, child_ckpt, ckpt=None):
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
+    # TensorBoard writes from a thread: a failed write (a full disk) is raised again at the next add_scalar, and
+    # ends the run with one line there; its thread stays quiet
+    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 
@@ -597,6 +655,7 @@ def main(args, child_ckpt, ckpt=None):
                 "goals": None if goals[0] is None else np.stack(goals, 1)}
 
     # ------------------------------------------------------------ high-level networks and optimizers
+    check_memory(args, observation_space, skill_dim, task.algo == "sac", device)
     policy_class = CategoricalPolicy if discrete else GaussianPolicy
     policy = policy_class(observation_space, skill_dim, args.hidden_dim).to(device)
     policy_optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
@@ -663,17 +722,8 @@ def main(args, child_ckpt, ckpt=None):
         if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite: never saved as good
             error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
                   f"{resume_hint(checkpoint_path)}")
-        temporary = checkpoint_path + ".tmp"
-        try:  # atomic: a crash, a kill or a full disk mid-write leaves the previous checkpoint intact, no .tmp behind
-            torch.save(state, temporary)
-            os.replace(temporary, checkpoint_path)
-        except BaseException as e:
-            with contextlib.suppress(OSError):
-                os.remove(temporary)
-            if isinstance(e, (OSError, RuntimeError)):  # torch reports a full disk as a RuntimeError
-                reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:120]
-                error(f"cannot write {checkpoint_path} ({reason}); {resume_hint(checkpoint_path)}")
-            raise
+        # atomic: a crash, a kill or a full disk mid-write leaves the previous checkpoint intact
+        write_atomically(checkpoint_path, lambda temporary: torch.save(state, temporary), resume_hint(checkpoint_path))
 
     def act_deterministically(obs):  # the mode (or most likely skill), in run_episodes' (action, log π, raw) form
         action = policy.mode(obs)
@@ -692,14 +742,20 @@ def main(args, child_ckpt, ckpt=None):
                   "return_past10": float(np.mean(trained[-PAST:])) if trained else None,
                   "return_min": float(returns.min()), "return_max": float(returns.max()), **epoch_stats,
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
-        plot_episodes(episodes["coordinates"], episodes["goals"], os.path.join(run_dir, f"episodes_{env_steps:010d}.png"),
-                      f"{args.task} over {child_ckpt['agent']} skills, {env_steps:,} env steps, "
-                      f"return {result['return']:.1f}")
+        # every file whole or not at all: a full disk or a read-only folder ends the run with one line
+        hint = resume_hint(checkpoint_path)
+        fig = plot_episodes(episodes["coordinates"], episodes["goals"], f"{args.task} over {child_ckpt['agent']} "
+                            f"skills, {env_steps:,} env steps, return {result['return']:.1f}")
+        write_atomically(os.path.join(run_dir, f"episodes_{env_steps:010d}.png"),
+                         lambda temporary: fig.savefig(temporary, dpi=100), hint)
+        plt.close(fig)
         for key in ("return", "return_past10"):
             if result[key] is not None:
                 writer.add_scalar(f"eval/{key}", result[key], env_steps)
-        with open(os.path.join(run_dir, "eval.jsonl"), "a") as f:
-            f.write(json.dumps(result) + "\n")
+        log_path = os.path.join(run_dir, "eval.jsonl")
+        logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
+        write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text(
+            logged + json.dumps(result) + "\n"), hint)
         past = "–" if result["return_past10"] is None else f"{result['return_past10']:.3g}"
         print(f"eval  epoch {epoch} | env steps {env_steps:,} | return {result['return']:.3g} | past 10 {past} | "
               + " | ".join(f"{k} {v:.4g}" for k, v in epoch_stats.items()), flush=True)
@@ -847,4 +903,8 @@ def main(args, child_ckpt, ckpt=None):
 
 
 if __name__ == "__main__":
-    main(*parse_args())
+    parsed = parse_args()  # the args, the child's checkpoint, and this run's checkpoint if it resumes
+    try:
+        main(*parsed)
+    except OSError as e:  # the run's folder or TensorBoard's file cannot be written (read-only, a full disk)
+        error(f"cannot write {os.fsdecode(e.filename) if e.filename else 'the TensorBoard log'} ({e.strerror or e})")

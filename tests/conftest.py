@@ -7,6 +7,7 @@ import glob
 import io
 import json
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -112,3 +113,26 @@ def tiny_run(tmp_path_factory):
         return cache[key]
 
     return run
+
+
+@contextlib.contextmanager
+def small_disk(path, megabytes):
+    """A tmpfs of `megabytes` mounted at `path` while the block runs; skips the test where none can be mounted."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'})")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill_disk(disk, leave=0):
+    """Fill `disk` with disk/filler until about `leave` bytes are free (a tmpfs counts whole 4 KiB pages)."""
+    with open(disk / "filler", "wb") as f:
+        with contextlib.suppress(OSError):
+            while (room := os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - leave) > 0:
+                f.write(b"\0" * min(room, 65536))
+                f.flush()

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import FIVE_EPOCHS, name, run_agent
+from conftest import FIVE_EPOCHS, fill_disk, name, run_agent, small_disk
 
 import cic
 import csf
@@ -178,20 +178,6 @@ def test_damaged_old_and_diverged_checkpoints_are_one_line(tiny_run, tmp_path):
     assert "--num-goals 1000000000000 needs about" in message and "GiB of memory is free" in message
 
 
-@contextlib.contextmanager
-def small_disk(path, megabytes):
-    """A tmpfs of `megabytes` mounted at `path` while the block runs; skips the test where none can be mounted."""
-    path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'})")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
-
-
 def test_full_disk_and_read_only_folder_keep_the_earlier_results(tiny_run, tmp_path):
     run_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
     with small_disk(tmp_path / "disk", 16) as disk:
@@ -199,11 +185,7 @@ def test_full_disk_and_read_only_folder_keep_the_earlier_results(tiny_run, tmp_p
         checkpoint = str(disk / "checkpoint.pt")
         reach(checkpoint, "--num-goals", "2")
         earlier = {name: (disk / name).read_bytes() for name in ("goal_reaching.json", "goal_reaching.png")}
-        with open(disk / "filler", "wb") as f:  # fill the disk to the last byte
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
+        fill_disk(disk)
         with pytest.raises(SystemExit) as stop:
             reach(checkpoint, "--num-goals", "2", "--seed", "1")
         assert str(stop.value.code) == (f"goal_reaching.py: error: cannot write {disk / 'goal_reaching.png'}: "
@@ -235,3 +217,20 @@ def test_a_json_write_cut_short_keeps_the_earlier_result(tiny_run, tmp_path, mon
         reach(checkpoint, "--num-goals", "2", "--seed", "1")
     assert str(stop.value.code) == f"goal_reaching.py: error: cannot write {result}: No space left on device"
     assert result.read_bytes() == earlier and not os.path.exists(f"{result}.tmp")
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--num-goals", "0", "--num-goals must be in [1, inf), got 0"),
+    ("--num-goals", "-1", "--num-goals must be in [1, inf), got -1"),
+    ("--seed", "-1", "--seed must be in [0, 2147483647], got -1"),
+    ("--seed", str(2**31), "--seed must be in [0, 2147483647], got 2147483648"),
+])
+def test_every_numeric_flag_outside_its_range_is_one_line(flag, value, message):
+    assert message in refuses(["--checkpoint", "x.pt", flag, value])
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e3", ""])
+def test_a_value_that_is_no_integer_is_tyros_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as stop:
+        goal_reaching.parse_args(["--checkpoint", "x.pt", "--num-goals", value])
+    assert stop.value.code == 2 and "Traceback" not in capsys.readouterr().err

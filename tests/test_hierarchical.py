@@ -2,6 +2,7 @@
 runs of SAC (continuous and one-hot children) and PPO from tiny checkpoints the tests train, and bad input."""
 
 import copy
+import dataclasses
 import glob
 import json
 import math
@@ -9,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Optional
 
 import pytest
 import torch
@@ -293,3 +295,22 @@ def test_an_overflowed_optimizer_is_never_checkpointed(tmp_path):
     assert message.startswith("hierarchical.py: error: policy_optimizer.state.") and "holds NaN or inf at epoch 1" in message
     assert message.endswith("the run diverged; no checkpoint was written yet")
     assert not glob.glob(str(tmp_path / "high" / "runs" / "*" / "checkpoint.pt*"))
+
+
+def test_every_numeric_flag_has_a_range_and_a_value_outside_it_is_one_line(tiny_run):
+    child_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    types = {field.name: field.type for field in dataclasses.fields(hierarchical.Args)}
+    numeric = {flag for flag, kind in types.items() if kind in (int, float, Optional[int], Optional[float])}
+    assert numeric == set(hierarchical.FLAG_RANGES)
+    for flag, interval in hierarchical.FLAG_RANGES.items():
+        low, high = (float(end) for end in interval[1:-1].split(","))
+        is_float = types[flag] in (float, Optional[float])
+        values = [low - 1] + ([low] if interval[0] == "(" else []) + (
+            [high + (interval[-1] == "]")] if high != float("inf") else []) + (
+            [float("nan"), float("inf")] if is_float else [])
+        for value in values:
+            option = "--" + flag.replace("_", "-")
+            text = repr(value) if is_float else str(int(value))
+            task = "HalfCheetahGoal" if flag in ("clip", "gae_lambda", "entropy_coef") else "AntMultiGoal"
+            message = refuses(["--checkpoint", child_dir, "--task", task, f"{option}={text}"])
+            assert f"{option} must be in {interval}, got " in message, message

@@ -1,6 +1,8 @@
 """benchmarks/sweep.py: the report on hand-made runs, a local sweep that finishes and reports, a killed sweep that a
-second run resumes, the SLURM parameters through submitit's debug executor, and refused combinations."""
+second run resumes, the SLURM parameters through submitit's debug executor, refused combinations; refused flags (one
+line each), damaged files, agents left running, stale run folders, unwritable folders."""
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import submitit
+from conftest import small_disk
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # appended, after the root: benchmarks/goal_reaching.py and hierarchical.py must not hide the scripts
@@ -70,25 +73,51 @@ def test_local_sweep_finishes_reports_and_skips_what_is_done(tmp_path):
     assert proc.returncode == 0 and "4 runs, 4 already done" in out  # the same command again: nothing to run
 
 
-def test_a_killed_sweep_resumes_from_the_checkpoints(tmp_path):
-    flags = ["--agents", "csf", "--env-ids", "Ant", "--seeds", "1", "--", "--total-env-steps", "2000",
-             "--checkpoint-every", "1", *TINY]
+def agents_working_in(folder):
+    """The pids of the agent processes whose working folder is `folder` (what `ps` would show)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+            if os.readlink(f"/proc/{pid}/cwd") == os.path.realpath(folder) and b"csf.py" in f.read():
+                pids.append(int(pid))
+    return pids
+
+
+def test_a_killed_sweep_takes_its_agent_along_and_the_repeated_command_resumes(tmp_path):
+    """SIGKILL of sweep.py alone (its submitit job processes survive it): the agent stops within seconds instead of
+    running on beside the repeated sweep, which resumes from the checkpoint with one agent per run."""
+    flags = ["--agents", "csf", "--env-ids", "Ant", "--seeds", "1", "--", "--total-env-steps", "2800",
+             "--checkpoint-every", "1", *TINY]  # 7 epochs: the agent goes on for up to a second after the kill
     proc = run_sweep(tmp_path, *flags, start_new_session=True)
     folder = tmp_path / "csf_Ant_seed1"
-    deadline = time.time() + 300
-    while not list(folder.glob("runs/*/checkpoint.pt")) and time.time() < deadline:
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)  # the sweep, submitit's controller and the agent: the whole group
-    proc.wait()
+    try:
+        deadline = time.time() + 300
+        while not list(folder.glob("runs/*/checkpoint.pt")) and time.time() < deadline:
+            time.sleep(0.2)
+        record = json.loads((folder / "agent.pid").read_text())
+        assert sweep.alive(record["pid"], record["start"]) and record["driver_pid"] == proc.pid
+        proc.kill()  # the driver only
+        proc.wait()
+        deadline = time.time() + 15
+        while sweep.alive(record["pid"], record["start"]) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not sweep.alive(record["pid"], record["start"])  # the agent did not outlive the sweep
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     (run_dir,) = folder.glob("runs/*")
-    interrupted = [json.loads(line)["epoch"] for line in (run_dir / "eval.jsonl").read_text().splitlines()]
-    assert interrupted[-1] < 5
-    proc = run_sweep(tmp_path, *flags)  # the same command again
-    out, _ = proc.communicate(timeout=600)
+    assert json.loads((run_dir / "eval.jsonl").read_text().splitlines()[-1])["epoch"] < 7
+    proc, most_at_once = run_sweep(tmp_path, *flags), 0  # the same command again
+    while proc.poll() is None:
+        most_at_once = max(most_at_once, len(agents_working_in(folder)))
+        time.sleep(0.1)
+    out = proc.stdout.read()
     assert proc.returncode == 0, out
+    assert most_at_once == 1  # never two agents writing one run
     assert "resumed" in (folder / "stdout.log").read_text()
+    assert list(folder.glob("runs/*")) == [run_dir] and not (folder / "agent.pid").exists()
     epochs = [json.loads(line)["epoch"] for line in (run_dir / "eval.jsonl").read_text().splitlines()]
-    assert epochs[-1] == 5 and epochs == sorted(set(epochs))  # continued to the budget, no evaluation twice
+    assert epochs[-1] == 7 and all(a < b for a, b in zip(epochs, epochs[1:]))  # no evaluation twice
 
 
 def test_slurm_parameters_through_the_debug_executor(tmp_path):
@@ -177,8 +206,365 @@ def test_a_hierarchical_run_started_in_a_run_folder_is_reported_and_not_mistaken
     high.mkdir()
     (high / "eval.jsonl").write_text(json.dumps({"env_steps": 50, "coverage": 0, "return_past10": 21.4}) + "\n")
     (high / "checkpoint.pt").write_bytes(b"high level")
-    assert sweep.agent_run_files(str(folder), "eval.jsonl") == [str(folder / "runs" / "r" / "eval.jsonl")]
+    assert sweep.agent_run_file(str(folder), "eval.jsonl") == str(folder / "runs" / "r" / "eval.jsonl")
     assert [e["coverage"] for e in sweep.read_evals(str(folder))] == [4, 10, 30]
     run = {"agent": "csf", "argv": ["--env-id", "Ant"], "folder": str(folder)}
     assert sweep.command(run)[-2:] == ["--resume", str(folder / "runs" / "r" / "checkpoint.pt")]
     assert sweep.goal_and_hierarchical_results(str(folder)) == {"AntMultiGoal return (past 10)": 21.4}
+
+
+# ---------------------------------------------------------------- refusals, damaged files, agents left running
+def refusal(*argv):
+    """sweep.main's refusal of argv, in this process: checked to be one `sweep.py: error: ...` line."""
+    with pytest.raises(SystemExit) as stop:
+        sweep.main(list(argv))
+    message = stop.value.code
+    assert isinstance(message, str) and message.startswith("sweep.py: error: ") and "\n" not in message, message
+    return message
+
+
+REFUSED = [
+    (["--agents", "foo"], "argument --agents: invalid choice: 'foo' (choose from 'csf', 'metra', 'diayn', 'visr', "
+                          "'cic', 'dads')"),
+    (["--agents", "envs"], "invalid choice: 'envs'"),
+    (["--agents", "../csf"], "invalid choice: '../csf'"),
+    (["--agents", ""], "invalid choice: ''"),
+    (["--agents", "csf.py"], "invalid choice: 'csf.py'"),
+    (["--threads", "0"], "argument --threads: must be at least 1, got 0"),
+    (["--threads", "-1"], "argument --threads: must be at least 1, got -1"),
+    (["--time", "0"], "argument --time: must be at least 1, got 0"),
+    (["--time", "-1"], "argument --time: must be at least 1, got -1"),
+    (["--workers", "0"], "argument --workers: must be at least 1, got 0"),
+    (["--gpus-per-run", "-1"], "argument --gpus-per-run: must be at least 0, got -1"),
+    (["--cpus-per-run", "0"], "argument --cpus-per-run: must be at least 1, got 0"),
+    (["--mem", "0"], "argument --mem: must be at least 1, got 0"),
+    (["--mem", "lots"], "argument --mem: invalid int value: 'lots'"),
+    (["--progress-every", "0"], "argument --progress-every: must be a positive number of seconds, got 0"),
+    (["--progress-every", "-1"], "must be a positive number of seconds, got -1"),
+    (["--progress-every", "nan"], "must be a positive number of seconds, got nan"),
+    (["--seeds", "1", "1"], "--seeds lists 1 twice: its runs would share one folder"),
+    (["--agents", "csf", "csf"], "--agents lists 'csf' twice"),
+    (["--env-ids", "Ant", "Ant"], "--env-ids lists 'Ant' twice"),
+    (["--variants", "--xi 5", "--xi 5"], "--variants lists '--xi 5' twice"),
+    (["--variants", "--xi 5", "--xi  5"], "--variants '--xi 5' and '--xi  5' would share their run folders"),
+    (["--variants", '--xi "5'], "--variants '--xi \"5' cannot be split into flags (No closing quotation)"),
+    (["--env-ids", "Ant", "--variants", "--env-id HalfCheetah"], "--variants '--env-id HalfCheetah' sets --env-id, "
+                                                                 "which the sweep sets itself"),
+    (["--variants", "--hidden-dim 16 --seed=3"], "--variants '--hidden-dim 16 --seed=3' sets --seed"),
+    (["--variants", "--resume runs/r/checkpoint.pt"], "sets --resume"),
+    (["--seeds", "1", "2", "--", "--seed", "3"], "the flags after -- set --seed, which the sweep sets itself"),
+    (["--", "--env_id", "HalfCheetah"], "the flags after -- set --env-id"),
+    (["--sweep-dir", ""], "--sweep-dir must name a folder"),
+    (["--agents", "dads", "--env-ids", "Quadruped"], "no run left to do: every combination was refused"),
+    (["--report", ""], "'' is not a sweep folder (it has no sweep.jsonl)"),
+]
+
+
+@pytest.mark.parametrize("argv, reason", REFUSED, ids=[" ".join(argv) or "empty" for argv, _ in REFUSED])
+def test_bad_flags_are_refused_with_one_line_before_anything_is_written(argv, reason, tmp_path, monkeypatch,
+                                                                          capsys):
+    monkeypatch.chdir(tmp_path)  # --sweep-dir '' must not write here either
+    assert reason in refusal("--sweep-dir", str(tmp_path / "sweep"), *argv)
+    assert os.listdir(tmp_path) == [] and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv", [["--variants", '--xi "5'], ["--backend", "slurm"]])
+def test_the_script_refuses_with_one_line_and_no_traceback(argv, tmp_path):
+    """As a user runs it; PATH holds no sbatch, so that SLURM is refused up front instead of waiting forever."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sweep.py"), "--sweep-dir",
+                           str(tmp_path / "sweep"), *argv], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": str(tmp_path)})
+    assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("sweep.py: error: ")
+    if argv[0] == "--backend":
+        assert line == "sweep.py: error: --backend slurm needs SLURM's sbatch, which is not on PATH here"
+
+
+def test_a_sweep_dir_that_is_a_file_or_lies_under_one(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    sweep_flags = ["--agents", "csf", "--env-ids", "Ant", "--seeds", "1"]
+    assert refusal("--sweep-dir", str(tmp_path / "file"), *sweep_flags) == (
+        f"sweep.py: error: --sweep-dir {tmp_path / 'file'} is a file, not a folder")
+    assert refusal("--sweep-dir", str(tmp_path / "file" / "sweep"), *sweep_flags) == (
+        f"sweep.py: error: cannot make the folder {tmp_path / 'file' / 'sweep'} (Not a directory)")
+    assert "is not a sweep folder" in refusal("--report", str(tmp_path / "file"))
+
+
+def hand_made_sweep(folder, env_id="Ant", seeds=(1, 2)):
+    """A finished sweep of csf on `env_id`, seed s reaching coverage 10·s at 1,600 env steps; its sweep.jsonl lines."""
+    lines = []
+    for seed in seeds:
+        write_run(folder / f"csf_{env_id}_seed{seed}", [2, 5 * seed, 10 * seed])
+        lines.append(json.dumps({"agent": "csf", "variant": "", "env_id": env_id, "seed": seed, "status": "done",
+                                 "folder": f"csf_{env_id}_seed{seed}",
+                                 "command": f"python csf.py --env-id {env_id} --seed {seed}"}) + "\n")
+    (folder / "sweep.jsonl").write_text("".join(lines))
+    return lines
+
+
+TORN = '{"agent": "csf", "env_id": "Ant", "se'  # a line cut short by a crash: no closing brace, no newline
+DAMAGED_SWEEP_FILES = {  # sweep.jsonl from its two good lines -> what --report says (None: the report is written)
+    "torn last line": (lambda a, b: a + b + TORN, None),
+    "blank lines": (lambda a, b: "\n" + a + "\n  \n" + b + "\n", None),
+    "a bad line in the middle": (lambda a, b: a + "{not json\n" + b,
+                                 "line 2 of {path} is not JSON; mend or delete the file"),
+    "not JSON at all": (lambda a, b: "\0\xff\n" * 3, "line 1 of {path} is not JSON; mend or delete the file"),
+    "a line without env_id": (lambda a, b: a.replace('"env_id": "Ant", ', "") + b,
+                              "line 1 of {path} has no valid 'env_id'; mend or delete the file"),
+    "a line that is no object": (lambda a, b: "[1, 2]\n" + b,
+                                 "line 1 of {path} has no valid 'agent'; mend or delete the file"),
+    "a seed that is no number": (lambda a, b: a.replace('"seed": 1', '"seed": "one"') + b,
+                                 "line 1 of {path} has no valid 'seed'; mend or delete the file"),
+    "empty": (lambda a, b: "", "{path} lists no run: nothing to report"),
+    "only blank lines": (lambda a, b: "\n \n", "{path} lists no run: nothing to report"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_SWEEP_FILES)
+def test_a_damaged_sweep_jsonl_is_read_or_named_in_one_line(damage, tmp_path, capsys):
+    make, reason = DAMAGED_SWEEP_FILES[damage]
+    path = tmp_path / "sweep.jsonl"
+    path.write_text(make(*hand_made_sweep(tmp_path)))
+    if reason is None:
+        assert sweep.main(["--report", str(tmp_path)]) == 0
+        assert "| csf | Ant | 1, 2 | 1,600 | 15.0 (10–20) |" in (tmp_path / "report.md").read_text()
+        warned = damage == "torn last line"
+        assert (f"warning: skipped the torn last line of {path}" in capsys.readouterr().err) == warned
+    else:
+        assert refusal("--report", str(tmp_path)) == f"sweep.py: error: {reason.format(path=path)}"
+        assert not (tmp_path / "report.md").exists()
+
+
+def test_a_sweep_whose_runs_have_not_evaluated_reports_nothing(tmp_path):
+    hand_made_sweep(tmp_path)
+    for seed in (1, 2):
+        (tmp_path / f"csf_Ant_seed{seed}" / "runs" / "r" / "eval.jsonl").unlink()
+    assert refusal("--report", str(tmp_path)) == (f"sweep.py: error: no run of {tmp_path} has evaluated yet: "
+                                                 "nothing to report")
+
+
+def test_a_damaged_eval_jsonl_is_read_or_named_in_one_line(tmp_path, capsys):
+    hand_made_sweep(tmp_path)
+    path = tmp_path / "csf_Ant_seed2" / "runs" / "r" / "eval.jsonl"
+    good = path.read_text()
+    path.write_text(good + '{"env_steps": 2400, "cover')  # torn: the evaluation being written
+    assert sweep.main(["--report", str(tmp_path)]) == 0
+    assert f"warning: skipped the torn last line of {path}" in capsys.readouterr().err
+    assert "| csf | Ant | 1, 2 | 1,600 | 15.0 (10–20) |" in (tmp_path / "report.md").read_text()
+    lines = good.splitlines(keepends=True)
+    path.write_text(lines[0] + "\x00garbage\n" + "".join(lines[1:]))
+    assert refusal("--report", str(tmp_path)) == (f"sweep.py: error: line 2 of {path} is not JSON; mend or delete "
+                                                 "the file")
+    path.write_text(good.replace('"coverage": 20', '"coverage": "twenty"'))
+    assert refusal("--report", str(tmp_path)) == (f"sweep.py: error: line 3 of {path} has no valid 'coverage'; mend or "
+                                                 "delete the file")
+
+
+def test_goal_reaching_and_hierarchical_extras_of_kitchen_and_damaged_ones(tmp_path, capsys):
+    """Kitchen's goal_reaching.json holds its tasks' staying time (no radius, no distance); a truncated
+    goal_reaching.json and empty, torn or corrupt hierarchical eval.jsonl files are skipped, with warnings."""
+    lines = hand_made_sweep(tmp_path, "Kitchen", seeds=(1,)) + hand_made_sweep(tmp_path, "Ant", seeds=(1,))
+    (tmp_path / "sweep.jsonl").write_text("".join(lines))
+    kitchen = {"env_id": "Kitchen", "results": {"adaptive": {"mean": {"staying_time": 0.5, "hit": 1.0, "end": 0.0},
+                                                             "per_goal": []}}}
+    (tmp_path / "csf_Kitchen_seed1" / "runs" / "r" / "goal_reaching.json").write_text(json.dumps(kitchen))
+    ant = tmp_path / "csf_Ant_seed1" / "runs"
+    (ant / "r" / "goal_reaching.json").write_text('{"results": {"adaptive": {"me')
+    hierarchical = {}
+    for task, text in (("AntMultiGoal", ""), ("AntGoal", '{"return_past10": 3'),
+                       ("AntLeft", "oops\n" + json.dumps({"return_past10": 2.0}) + "\n")):
+        (ant / f"{task}__hierarchical_csf__1__99").mkdir()
+        hierarchical[task] = ant / f"{task}__hierarchical_csf__1__99" / "eval.jsonl"
+        hierarchical[task].write_text(text)
+    assert sweep.main(["--report", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "| agent | env | seeds | env steps | coverage, mean (min–max) | goal task staying time |" in text
+    assert "| csf | Kitchen | 1 | 1,600 | 10.0 (10–10) | 0.5 |" in text
+    assert "| csf | Ant | 1 | 1,600 | 10.0 (10–10) | – |" in text
+    err = capsys.readouterr().err
+    assert f"warning: skipped {ant / 'r' / 'goal_reaching.json'}: it does not hold goal_reaching.py's results" in err
+    assert f"warning: skipped the torn last line of {hierarchical['AntGoal']}" in err
+    assert f"warning: line 1 of {hierarchical['AntLeft']} is not JSON; mend or delete the file; skipped" in err
+
+
+def quick_sweep(sweep_dir, *extra):
+    """The argv of a one-run csf sweep (Ant, seed 1) of one epoch: 400 env steps."""
+    return ["--sweep-dir", str(sweep_dir), "--agents", "csf", "--env-ids", "Ant", "--seeds", "1", *extra, "--",
+            "--total-env-steps", "400", *TINY]
+
+
+def test_a_repeated_or_sibling_sweep_with_a_damaged_sweep_jsonl(tmp_path, capsys):
+    """A repeated sweep reads its sweep.jsonl (and a sibling's, for runs to reuse) before it starts anything."""
+    mine, sibling = tmp_path / "mine", tmp_path / "sibling"
+    mine.mkdir(), sibling.mkdir()
+    (sibling / "sweep.jsonl").write_text("{broken\n{}\n")
+    assert refusal(*quick_sweep(mine)) == (f"sweep.py: error: line 1 of {sibling / 'sweep.jsonl'} is not JSON; mend "
+                                           "or delete the file")
+    (sibling / "sweep.jsonl").unlink()
+    (mine / "sweep.jsonl").write_text('{"agent": "csf"}\n' + TORN)
+    assert refusal(*quick_sweep(mine)) == (f"sweep.py: error: line 1 of {mine / 'sweep.jsonl'} has no valid 'env_id'; "
+                                           "mend or delete the file")
+    assert not (mine / "submitit").exists()  # nothing started
+    write_run(mine / "csf_Ant_seed1", [2, 3], steps=(0, 400))  # the run is done: nothing to start
+    (mine / "sweep.jsonl").write_text(TORN)
+    assert sweep.main(quick_sweep(mine)) == 0
+    assert "1 runs, 1 already done" in capsys.readouterr().out
+    (line,) = [json.loads(line) for line in (mine / "sweep.jsonl").read_text().splitlines()]
+    assert (line["folder"], line["status"]) == ("csf_Ant_seed1", "done")
+    assert sorted(p.name for p in mine.iterdir() if p.name.endswith(".tmp")) == []
+
+
+def test_the_agent_run_of_a_folder_is_the_one_with_a_checkpoint_and_stale_ones_are_removed(tmp_path, monkeypatch,
+                                                                                          capsys):
+    folder = tmp_path / "csf_Ant_seed1"
+    write_run(folder, [2, 3], steps=(0, 400))
+    runs = folder / "runs"
+    (runs / "r").rename(runs / "Ant__csf__1__100")  # checkpointed, then killed
+    (runs / "Ant__csf__1__100" / "checkpoint.pt").write_bytes(b"checkpoint")
+    (runs / "Ant__csf__1__200").mkdir()  # a later start, killed before its first checkpoint
+    (runs / "Ant__csf__1__200" / "eval.jsonl").write_text(json.dumps({"env_steps": 0, "coverage": 9}) + "\n")
+    (runs / "AntGoal__hierarchical_csf__1__300").mkdir()
+    checkpointed = str(runs / "Ant__csf__1__100")
+    for order in (sorted, lambda paths: sorted(paths, reverse=True)):  # whatever order glob gives
+        monkeypatch.setattr(sweep.glob, "glob", lambda pattern, glob=sweep.glob.glob, order=order: order(glob(pattern)))
+        assert sweep.agent_run_file(str(folder), "eval.jsonl") == os.path.join(checkpointed, "eval.jsonl")
+        assert [e["coverage"] for e in sweep.read_evals(str(folder))] == [2, 3]
+    monkeypatch.undo()
+    run = {"agent": "csf", "argv": ["--env-id", "Ant"], "folder": str(folder)}
+    assert sweep.command(run)[-2:] == ["--resume", os.path.join(checkpointed, "checkpoint.pt")]
+    sweep.remove_stale_runs(str(folder))
+    assert sorted(p.name for p in runs.iterdir()) == ["AntGoal__hierarchical_csf__1__300", "Ant__csf__1__100"]
+    assert capsys.readouterr().out == (f"removed {runs / 'Ant__csf__1__200'}: an earlier start left it without a "
+                                       "checkpoint\n")
+    (runs / "Ant__csf__1__100" / "checkpoint.pt").unlink()  # no checkpoint anywhere: the run starts afresh
+    assert sweep.agent_run_file(str(folder), "eval.jsonl") == os.path.join(checkpointed, "eval.jsonl")
+    sweep.remove_stale_runs(str(folder))
+    assert [p.name for p in runs.iterdir()] == ["AntGoal__hierarchical_csf__1__300"]
+    assert sweep.command(run)[-1] == "Ant"  # no --resume
+
+
+def sleeper(cwd, seconds=60):
+    """A process that stands in for an agent (or a driver): it sleeps."""
+    return subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], cwd=cwd)
+
+
+def record_agent(folder, agent, driver_pid, driver_start, host=None):
+    record = {"pid": agent.pid, "start": sweep.process_start(agent.pid), "host": host or sweep.socket.gethostname(),
+              "driver_pid": driver_pid, "driver_start": driver_start, "command": ["python", "csf.py"]}
+    (folder / "agent.pid").write_text(json.dumps(record) + "\n")
+
+
+def test_an_agent_left_running_is_stopped_and_one_another_sweep_drives_is_refused(tmp_path, capsys):
+    folder = tmp_path / "sweep" / "csf_Ant_seed1"
+    folder.mkdir(parents=True)
+    agent = sleeper(folder)
+    try:
+        record_agent(folder, agent, os.getpid(), sweep.process_start(os.getpid()))  # its sweep.py still runs
+        assert refusal(*quick_sweep(tmp_path / "sweep")) == (
+            f"sweep.py: error: the agent of {folder} is still running (pid {agent.pid}, started by the sweep.py of pid "
+            f"{os.getpid()}); wait for that sweep to end, or stop it, then repeat the command")
+        record_agent(folder, agent, os.getpid(), sweep.process_start(os.getpid()), host="another-node")
+        sweep.stop_orphaned_agent(str(folder))  # a SLURM node's agent: not to be judged from here
+        assert agent.poll() is None and not (tmp_path / "sweep" / "submitit").exists()
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        record_agent(folder, agent, gone.pid, 1)  # its sweep.py was killed
+        sweep.stop_orphaned_agent(str(folder))
+        assert agent.wait(timeout=15) == -signal.SIGTERM
+        out = capsys.readouterr().out
+        assert f"stopping the agent that a killed sweep left running in {folder} (pid {agent.pid})" in out
+        sweep.stop_orphaned_agent(str(folder))  # the record of a stopped agent: nothing to do
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+JOB = ("import json, sys; sys.path.insert(0, {benchmarks!r}); import sweep; "
+       "sweep.run_job([sys.executable, '-c', 'import time; time.sleep(60)'], {cwd!r}, 1, json.loads({driver!r}))")
+
+
+def start_job(folder, driver=None):
+    """run_job in a process of its own, as submitit runs it; returns it once its agent is recorded."""
+    job = subprocess.Popen([sys.executable, "-c", JOB.format(benchmarks=os.path.join(ROOT, "benchmarks"),
+                                                             cwd=str(folder), driver=json.dumps(driver))])
+    deadline = time.time() + 60
+    while not (folder / "agent.pid").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    return job, json.loads((folder / "agent.pid").read_text())
+
+
+def wait_until_gone(record, seconds=10):
+    deadline = time.time() + seconds
+    while sweep.alive(record["pid"], record["start"]) and time.time() < deadline:
+        time.sleep(0.1)
+    return not sweep.alive(record["pid"], record["start"])
+
+
+def test_an_agent_dies_with_its_job_and_with_the_sweep_that_started_it(tmp_path):
+    """For real: SIGKILL of the job process (prctl's PR_SET_PDEATHSIG) and of the sweep.py given as its driver."""
+    job, record = start_job(tmp_path)
+    assert sweep.alive(record["pid"], record["start"]) and record["driver_pid"] is None
+    job.kill()
+    job.wait()
+    assert wait_until_gone(record)
+    driver = sleeper(tmp_path)
+    (tmp_path / "agent.pid").unlink()
+    job, record = start_job(tmp_path, {"pid": driver.pid, "start": sweep.process_start(driver.pid)})
+    try:
+        assert sweep.alive(record["pid"], record["start"]) and record["driver_pid"] == driver.pid
+        driver.kill()
+        driver.wait()
+        assert job.wait(timeout=20) == 0 and wait_until_gone(record, 1)
+        assert not (tmp_path / "agent.pid").exists()  # the job removed its record
+    finally:
+        for process in (driver, job):
+            process.kill()
+            process.wait()
+
+
+def report_files(folder):
+    return {name: (folder / name).read_bytes() for name in ("report.md", "report.png", "sweep.jsonl")}
+
+
+def test_a_read_only_sweep_folder_gives_one_line_and_keeps_the_earlier_files(tmp_path):
+    folder, root = tmp_path / "sweep", os.geteuid() == 0
+    with contextlib.ExitStack() as stack:
+        if root:  # root writes through chmod: a tmpfs remounted read-only instead
+            stack.enter_context(small_disk(folder, 8))
+        else:
+            folder.mkdir()
+        hand_made_sweep(folder)
+        assert sweep.main(["--report", str(folder)]) == 0
+        earlier = report_files(folder)
+        if root:
+            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+            reason = "Read-only file system"
+        else:
+            folder.chmod(0o555)
+            stack.callback(folder.chmod, 0o755)
+            reason = "Permission denied"
+        assert refusal("--report", str(folder)) == f"sweep.py: error: cannot write {folder / 'report.png'} ({reason})"
+        repeated = ["--sweep-dir", str(folder), "--agents", "csf", "--env-ids", "Ant", "--seeds", "1", "2", "--",
+                    "--total-env-steps", "1600", *TINY]  # both runs done: only sweep.jsonl and the report to write
+        assert refusal(*repeated) == f"sweep.py: error: cannot write {folder / 'sweep.jsonl'} ({reason})"
+        assert refusal(*quick_sweep(folder / "new")) == (f"sweep.py: error: cannot make the folder {folder / 'new'} "
+                                                         f"({reason})")
+        assert report_files(folder) == earlier and not list(folder.glob("*.tmp"))
+
+
+def test_a_full_disk_gives_one_line_and_leaves_no_temporary_file(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("filling a disk to the last byte needs a tmpfs, which only root can mount")
+    with small_disk(tmp_path / "sweep", 8) as folder:
+        hand_made_sweep(folder)
+        assert sweep.main(["--report", str(folder)]) == 0
+        earlier = report_files(folder)
+        with open(folder / "filler", "wb") as f:  # fill the disk to the last byte
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        assert refusal("--report", str(folder)) == (f"sweep.py: error: cannot write {folder / 'report.png'} (No space "
+                                                    "left on device)")
+        assert report_files(folder) == earlier and not list(folder.glob("*.tmp"))
