@@ -244,6 +244,13 @@ def check_memory(args, observation_space, skill_dim, sac, device):
                   + f"; {free / 2**30:,.1f} GiB is free")
 
 
+def restore_cuda_rng(states):
+    """Restore a checkpoint's CUDA RNG states on the GPUs this machine sees: a run resumed where fewer GPUs are
+    visible than where it was written sets the ones it has (torch.cuda.set_rng_state_all would raise IndexError)."""
+    for index, state in enumerate(states[: torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(state, index)
+
+
 def in_range(value, interval):
     """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
     low, high = (float(end) for end in interval[1:-1].split(","))
@@ -364,11 +371,13 @@ def action_to_skill(action, kind, skill_dim):
     return 1.5 * action if kind == "scaled" else F.normalize(action, dim=-1)
 
 
-def as_tensor(obs, device):
-    """An observation batch (an array, or a dict of arrays for pixels + goal) as tensors on `device`."""
-    if isinstance(obs, dict):
-        return {key: torch.as_tensor(value, device=device) for key, value in obs.items()}
-    return torch.as_tensor(obs, device=device)
+def as_tensor(array, device):
+    """An array (or a dict of arrays: pixels + goal) as tensors on `device`; to a GPU through pinned memory, without
+    waiting for the copy."""
+    if isinstance(array, dict):
+        return {key: as_tensor(value, device) for key, value in array.items()}
+    tensor = torch.as_tensor(array)
+    return tensor.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else tensor
 
 
 # ---------------------------------------------------------------- high-level networks (spec §1.8, §4.4)
@@ -514,9 +523,9 @@ class EpisodeBuffer:
         view = (lambda o: o) if self.dict_obs else (lambda o: o["obs"])
         return {"obs": as_tensor(view({k: v[episode, t] for k, v in self.obs.items()}), device),
                 "next_obs": as_tensor(view({k: v[episode, t + 1] for k, v in self.obs.items()}), device),
-                "action": torch.as_tensor(self.actions[episode, t], device=device),
-                "reward": torch.as_tensor(self.rewards[episode, t], device=device),
-                "done": torch.as_tensor((t == HIGH_HORIZON - 1).astype(np.float32), device=device)}
+                "action": as_tensor(self.actions[episode, t], device),
+                "reward": as_tensor(self.rewards[episode, t], device),
+                "done": as_tensor((t == HIGH_HORIZON - 1).astype(np.float32), device)}
 
     def state_dict(self):
         n = self.num_stored
@@ -584,6 +593,8 @@ def main(args, child_ckpt, ckpt=None):
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # replay and minibatch sampling
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls on the GPUs that have them
 
     # ------------------------------------------------------------ envs (low level: every trajectory reset explicitly)
     try:  # a pixel world makes its render context at its first frame: the first reset
@@ -697,7 +708,7 @@ def main(args, child_ckpt, ckpt=None):
             "eval_returns"]
         torch.set_rng_state(ckpt["torch_rng"])
         if device.type == "cuda" and ckpt["cuda_rng"] is not None:
-            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+            restore_cuda_rng(ckpt["cuda_rng"])
         rng.bit_generator.state = ckpt["numpy_rng"]
         for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
             env.unwrapped.np_random.bit_generator.state = state
@@ -815,14 +826,14 @@ def main(args, child_ckpt, ckpt=None):
         states = as_tensor(flat(obs), device)
         with torch.no_grad():
             values = value(states).reshape(num_episodes, HIGH_HORIZON)
-        rewards = torch.as_tensor(episodes["reward"], device=device)
+        rewards = as_tensor(episodes["reward"], device)
         advantages, returns = gae(rewards, values, args.gamma, args.gae_lambda)
-        raws = torch.as_tensor(episodes["raw"], device=device).flatten(0, 1)  # skill indices, or pre-tanh actions
-        old_log_probs = torch.as_tensor(episodes["log_prob"], device=device).reshape(-1)
+        raws = as_tensor(episodes["raw"], device).flatten(0, 1)  # skill indices, or pre-tanh actions
+        old_log_probs = as_tensor(episodes["log_prob"], device).reshape(-1)
         advantages, returns = advantages.reshape(-1), returns.reshape(-1)
         stats = []
         for _ in range(args.grad_steps_per_epoch):
-            i = torch.as_tensor(rng.integers(0, len(returns), args.batch_size), device=device)
+            i = as_tensor(rng.integers(0, len(returns), args.batch_size), device)
             batch_obs = {k: v[i] for k, v in states.items()} if pixels else states[i]
             dist = policy.dist(batch_obs)
             if discrete:

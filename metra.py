@@ -287,6 +287,13 @@ def finite(action, epoch):
     return action
 
 
+def restore_cuda_rng(states):
+    """Restore a checkpoint's CUDA RNG states on the GPUs this machine sees: a run resumed where fewer GPUs are
+    visible than where it was written sets the ones it has (torch.cuda.set_rng_state_all would raise IndexError)."""
+    for index, state in enumerate(states[: torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(state, index)
+
+
 def in_range(value, interval):
     """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
     low, high = (float(end) for end in interval[1:-1].split(","))
@@ -348,11 +355,12 @@ def parse_args(argv=None):
     return args, ckpt
 
 
-def sample_skills(n, skill_dim, discrete=False, generator=None):
-    """z ~ Unif(S^{d-1}): a standard normal draw scaled to unit length; or a one-hot vector, index ~ Unif{0..K-1}."""
+def sample_skills(n, skill_dim, discrete=False, generator=None, device=None):
+    """z ~ Unif(S^{d-1}): a standard normal draw scaled to unit length; or a one-hot vector, index ~ Unif{0..K-1};
+    made on `device`."""
     if discrete:
-        return F.one_hot(torch.randint(skill_dim, (n,), generator=generator), skill_dim).float()
-    z = torch.randn(n, skill_dim, generator=generator)
+        return F.one_hot(torch.randint(skill_dim, (n,), generator=generator, device=device), skill_dim).float()
+    z = torch.randn(n, skill_dim, generator=generator, device=device)
     return z / z.norm(dim=-1, keepdim=True)
 
 
@@ -508,6 +516,18 @@ class Actor(nn.Module):
 
 
 # ---------------------------------------------------------------- replay buffer (spec §1.4)
+def to_device(array, device):
+    """A host array as a tensor on `device`; to a GPU through pinned memory, without waiting for the copy."""
+    tensor = torch.from_numpy(array)
+    return tensor.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else tensor
+
+
+def stack_frames(frames):
+    """(B, k, *frame_shape) frames, oldest first → (B, *obs_shape): the frames along the last axis, as the env
+    stacks them (a state vector, k = 1, is its one frame)."""
+    return frames.movedim(1, -2).flatten(-2).contiguous()
+
+
 class ReplayBuffer:
     """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement.
 
@@ -539,18 +559,21 @@ class ReplayBuffer:
         self.actions[idx], self.skills[idx] = actions, skills
         self.pos, self.num_stored = (self.pos + n) % capacity, min(self.num_stored + n, capacity)
 
-    def observation(self, trajectory, t):
-        """The observation at step t of each trajectory: frames t-k+1..t (clipped at 0) along the last axis."""
-        steps = np.maximum(t[:, None] + np.arange(1 - self.frame_stack, 1), 0)  # (B, k), oldest first
-        frames = self.frames[trajectory[:, None], steps]  # (B, k, *frame_shape)
-        return np.moveaxis(frames, 1, -2).reshape(*frames.shape[:1], *frames.shape[2:-1], -1)
+    def gather(self, batch_size, rng=None):
+        """The host's part of a minibatch of transitions, uniform (with replacement): whole frames only, those of s
+        and s' in one (B, k + 1) block, so the copy runs at memcpy speed; stacking them is left to the device."""
+        i = (rng or self.rng).integers(0, self.size, batch_size)
+        trajectory, t = i // self.horizon, i % self.horizon
+        steps = np.maximum(t[:, None] + np.arange(1 - self.frame_stack, 2), 0)  # frames t-k+1..t+1, clipped at 0
+        return {"frames": self.frames[trajectory[:, None], steps], "action": self.actions[trajectory, t],
+                "skill": self.skills[trajectory]}
 
     def sample(self, batch_size, device, rng=None):
-        i = (rng or self.rng).integers(0, self.size, batch_size)  # uniform over transitions
-        trajectory, t = i // self.horizon, i % self.horizon
-        batch = {"obs": self.observation(trajectory, t), "action": self.actions[trajectory, t],
-                 "next_obs": self.observation(trajectory, t + 1), "skill": self.skills[trajectory]}
-        return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+        """A minibatch on `device`: each field copied there once (pinned, without waiting, on a GPU), and the stacks
+        of s (frames 0..k-1) and s' (frames 1..k) built there, where reordering bytes is cheap."""
+        batch = {key: to_device(value, device) for key, value in self.gather(batch_size, rng).items()}
+        frames = batch.pop("frames")
+        return {"obs": stack_frames(frames[:, :-1]), "next_obs": stack_frames(frames[:, 1:]), **batch}
 
     def state_dict(self):
         n = self.num_stored
@@ -614,6 +637,8 @@ def main(args, ckpt=None):
     eval_rng = np.random.default_rng(args.seed + 1)  # evaluation has its own streams, so it never changes training
     eval_generator = torch.Generator().manual_seed(args.seed + 1)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls on the GPUs that have them
 
     # ------------------------------------------------------------ envs
     # Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
@@ -669,6 +694,9 @@ def main(args, ckpt=None):
         try:
             for name, module in modules.items():
                 module.load_state_dict(ckpt[name])
+                if isinstance(module, torch.optim.Optimizer):  # the Adam --compile asks for now, not the saved one
+                    for group in module.param_groups:
+                        group.update(fused=args.compile, foreach=not args.compile)
             with torch.no_grad():
                 log_alpha.copy_(ckpt["log_alpha"])
                 log_lam.copy_(ckpt["log_lam"])
@@ -676,7 +704,7 @@ def main(args, ckpt=None):
             start_epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
             torch.set_rng_state(ckpt["torch_rng"])
             if device.type == "cuda" and ckpt["cuda_rng"] is not None:
-                torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+                restore_cuda_rng(ckpt["cuda_rng"])
             eval_generator.set_state(ckpt["eval_torch_rng"])
             rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
             for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
@@ -720,9 +748,10 @@ def main(args, ckpt=None):
                 frames.append(np.concatenate([eval_envs.envs[i].render() for i in range(num_video_skills)], 1))
 
         obs, info = eval_envs.reset()
+        skills_on_device = skills.to(device)
         record(info)
         for _ in range(spec.horizon):
-            action = actor.mode(torch.as_tensor(obs, device=device), skills.to(device))
+            action = actor.mode(torch.as_tensor(obs, device=device), skills_on_device)
             obs, _, _, _, info = eval_envs.step(finite(action, epoch))
             record(info)
         coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
@@ -796,7 +825,9 @@ def main(args, ckpt=None):
         return actor_loss(log_prob, qf1(obs, skill, new_action), qf2(obs, skill, new_action), alpha), log_prob
 
     if args.compile:
-        torch._inductor.config.fallback_random = True  # eager's random draws, so only the float rounding differs
+        # on a CPU, eager's random draws, so that only the float rounding differs (the equality test); on a GPU,
+        # inductor's own, fused into the kernels (the fallback is its slow debugging mode)
+        torch._inductor.config.fallback_random = device.type == "cpu"
         phi_objective, qf_objective, actor_objective = map(torch.compile, (phi_objective, qf_objective,
                                                                           actor_objective))
 
@@ -805,7 +836,7 @@ def main(args, ckpt=None):
         weights = skill_weights(skill, args.discrete)  # z, or m for one-hot skills
         alpha = log_alpha.exp().detach()
         with record_function("phi step"):  # then (METRA) the dual step on log λ
-            negatives = sample_skills(args.num_negatives, d).to(device) if contrastive else None  # z'_j ~ p(z), fresh
+            negatives = sample_skills(args.num_negatives, d, device=device) if contrastive else None  # z'_j ~ p(z), fresh
             phi_loss, c, logsumexp = phi_objective(obs, next_obs, weights, negatives)
             phi_optimizer.zero_grad()
             phi_loss.backward()

@@ -28,6 +28,7 @@ import dads
 import diayn
 import envs
 import goal_reaching
+import hierarchical
 import metra
 import visr
 
@@ -422,3 +423,29 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one(agent, tmp_
     assert not [f for f in os.listdir(run_dir) if ".tmp" in f]
     with open(os.path.join(run_dir, "checkpoint.pt"), "rb") as f:
         assert f.read() == copies[3]
+
+
+@pytest.mark.parametrize("agent", [*AGENTS, hierarchical], ids=name)
+def test_cuda_rng_states_of_more_gpus_than_this_machine_sees_restore_the_ones_it_has(agent, monkeypatch):
+    restored = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, index: restored.append((state, index)))
+    states = [torch.full((8,), 1, dtype=torch.uint8), torch.full((8,), 2, dtype=torch.uint8)]  # written on 2 GPUs
+    agent.restore_cuda_rng(states)
+    assert len(restored) == 1 and restored[0][1] == 0 and torch.equal(restored[0][0], states[0])
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_compile_given_at_resume_gets_the_fused_adam(agent, tiny_run, tmp_path, monkeypatch):
+    """Optimizer.load_state_dict brings back the saved foreach/fused: a run resumed with --compile must still get the
+    fused Adam it asks for (torch.compile itself is left out here: only the optimizers are checked)."""
+    _, copies = tiny_run(agent, *FIVE_EPOCHS)
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    checkpoint.parent.mkdir()
+    checkpoint.write_bytes(copies[3])
+    monkeypatch.setattr(torch, "compile", lambda model=None, **kwargs: model if model is not None else (lambda f: f))
+    agent.main(*agent.parse_args(["--resume", str(checkpoint), "--compile"]))
+    ckpt = load(checkpoint)
+    optimizers = [key for key in ckpt if key.endswith("optimizer")]
+    assert optimizers and all(group["fused"] and not group["foreach"]
+                              for key in optimizers for group in ckpt[key]["param_groups"])

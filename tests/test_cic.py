@@ -24,30 +24,32 @@ def test_cpc_loss_subtracts_the_largest_possible_diagonal_term():
 
 
 def test_running_moments_keep_the_variance_of_everything_seen():
-    moments = cic.RunningMoments()
+    moments = cic.RunningMoments(torch.device("cpu"))
     first, second = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([10.0, 20.0])
     moments.update(first)
     moments.update(second)
     seen = np.concatenate([first, second])
     # from the prior (mean 0, variance 1, count 1e-4), each batch's unbiased variance folds in: ≈ the pooled moments
-    assert moments.count == pytest.approx(6 + 1e-4)
-    assert moments.mean == pytest.approx(seen.mean(), rel=1e-4)
+    assert moments.count.item() == pytest.approx(6 + 1e-4)
+    assert moments.mean.item() == pytest.approx(seen.mean(), rel=1e-4)
     pooled = (4 * first.var().item() + 2 * second.var().item() + 4 * 2 / 6 * (first.mean() - second.mean()).item() ** 2) / 6
-    assert moments.var == pytest.approx(pooled, rel=1e-3)
+    assert moments.var.item() == pytest.approx(pooled, rel=1e-3)
+    # kept as float64 tensors on the device (no step reads them back), as exact as the Python floats they were
+    assert all(v.dtype == torch.float64 and v.device.type == "cpu" for v in moments.state_dict().values())
     state = moments.state_dict()
-    clone = cic.RunningMoments()
-    clone.load_state_dict(state)
-    assert clone.state_dict() == state
+    clone = cic.RunningMoments(torch.device("cpu"))
+    clone.load_state_dict({key: value.item() for key, value in state.items()})  # a checkpoint of floats loads too
+    assert {key: value.item() for key, value in clone.state_dict().items()} == {k: v.item() for k, v in state.items()}
 
 
 def test_knn_reward_on_a_hand_batch():
     source = torch.tensor([[0.0], [1.0], [3.0]])
     target = torch.tensor([[0.0], [1.0], [2.0]])
-    moments = cic.RunningMoments()
+    moments = cic.RunningMoments(torch.device("cpu"))
     reward = cic.knn_reward(source, target, 2, moments)
     # distances source_i → targets: row 0 (0, 1, 2), row 1 (1, 0, 1), row 2 (3, 2, 1); the 2 smallest per row:
     nearest = torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 2.0]])
-    fresh = cic.RunningMoments()
+    fresh = cic.RunningMoments(torch.device("cpu"))
     variance = fresh.update(nearest)  # the moments see exactly these 6 distances
     assert moments.state_dict() == fresh.state_dict()
     expected = torch.log(1 + ((nearest / variance - 0.0005).clamp(min=0)).mean(-1))

@@ -114,10 +114,16 @@ def test_pixel_buffer_rebuilds_the_env_stacks_across_trajectory_boundaries():
         trajectories.append(np.stack(observations))
         rb.add(trajectories[-1][None], np.zeros((1, horizon, 12)), np.zeros((1, 4)))
     assert rb.frames.dtype == np.uint8 and rb.frames.shape == (2, horizon + 1, 64, 64, 3)  # one frame per step
+    class Draws:  # every transition of both slots, in order: slot 0's steps 0..3, then slot 1's
+        def integers(self, low, high, size):
+            return np.arange(size)
+
+    batch = rb.sample(2 * horizon, "cpu", rng=Draws())
+    assert rb.gather(2 * horizon, rng=Draws())["frames"].shape == (2 * horizon, 4, 64, 64, 3)  # whole frames, s and s'
     for slot, trajectory in ((1, trajectories[1]), (0, trajectories[2])):
-        for t in range(horizon + 1):
-            rebuilt = rb.observation(np.array([slot]), np.array([t]))[0]
-            assert np.array_equal(rebuilt, trajectory[t]), (slot, t)
+        for t in range(horizon):
+            assert np.array_equal(batch["obs"][slot * horizon + t], trajectory[t]), (slot, t)
+            assert np.array_equal(batch["next_obs"][slot * horizon + t], trajectory[t + 1]), (slot, t)
     assert not np.array_equal(trajectories[1][0], trajectories[2][0])  # different starts, so the check is not vacuous
 
 
