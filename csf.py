@@ -34,6 +34,8 @@ Deliberate differences from the official code (none changes the algorithm behind
     22 GB at 300k transitions, same samples); envs.py renders without shadows or multisampling (10-15x
     faster on a CPU, the floor gradient and the body stay visible) and seeds every env differently, where
     the official workers all repeat the same initial states (spec §5.18).
+  - on a GPU, float32 matmuls use TF32 (torch.set_float32_matmul_precision("high")), which is faster there; a CPU
+    computes them in full float32, and the tests' numbers are the CPU's.
 """
 
 import contextlib

@@ -34,6 +34,8 @@ Deliberate differences from the official code:
     that is not a multiple of the horizon is rounded down to whole trajectories (the paper's 1M is). A checkpoint
     also holds the loss means since the last evaluation, so a run resumed from any epoch reports what the
     uninterrupted run does.
+  - on a GPU, float32 matmuls use TF32 (torch.set_float32_matmul_precision("high")), which is faster there; a CPU
+    computes them in full float32, and the tests' numbers are the CPU's.
 """
 
 import contextlib

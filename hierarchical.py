@@ -32,6 +32,7 @@ every episode) is explained in envs.py; the high-level replay buffer stores each
 (whole episodes), as the agents' buffers do; "Return (past 10)" averages the last 10 evaluations after epoch 0,
 where the official plotting script (run/paper/plot_hierarchical_control.py) averages the current evaluation and
 the 10 before it, epoch 0 included while there are fewer.
+On a GPU, float32 matmuls use TF32 (torch.set_float32_matmul_precision("high")); a CPU computes them in full float32.
 """
 
 import contextlib

@@ -48,6 +48,8 @@ Deliberate differences from the official code:
   - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
     22 GB at 300k transitions, same samples); envs.py renders without shadows or multisampling and seeds
     every env differently (spec §5.18), as for csf.py.
+  - on a GPU, float32 matmuls use TF32 (torch.set_float32_matmul_precision("high")), which is faster there; a CPU
+    computes them in full float32, and the tests' numbers are the CPU's.
 """
 
 import contextlib
