@@ -109,6 +109,10 @@ class Args:
     """path of a checkpoint.pt to continue from; the run keeps its directory, seed and RNG streams"""
     cuda: bool = True
     """use the GPU when torch sees one"""
+    buffer_on_device: bool = False
+    """keep the replay buffer in the training device's memory and draw the batches there, so a gradient step copies
+    nothing from the host (a 300k-transition pixel buffer takes 3.7 GB); the draws are torch's, not the host
+    buffer's. On a CPU, the same code with the CPU as the device"""
     track: bool = False
     """also log to Weights & Biases (WANDB_MODE=offline works)"""
     wandb_project_name: str = "cleanmisl"
@@ -142,8 +146,8 @@ FLAG_RANGES = {
     "num_eval_skills": "[1, inf)", "gamma": "[0, 1)", "tau": "(0, 1]", "lr": "(0, inf)", "alpha_init": "(0, inf)",
 }
 # What --resume may change: neither the learning problem nor the random streams depend on these.
-RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "track",
-                     "wandb_project_name", "wandb_entity", "capture_video", "compile")
+RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "buffer_on_device",
+                     "track", "wandb_project_name", "wandb_entity", "capture_video", "compile")
 
 
 def error(message):
@@ -238,6 +242,8 @@ def check_memory(args, observation_space, action_dim, horizon, frame_stack, devi
     on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2),
                  "one batch (--batch-size)": 4 * args.batch_size * (2 * math.prod(observation_space.shape)
                                                                     + 8 * args.hidden_dim)}
+    if args.buffer_on_device:
+        host, on_device = {}, {**host, **on_device}
     places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
     for place, parts in places.items():
         free = free_memory(device if place == "GPU" else torch.device("cpu"))
@@ -440,14 +446,30 @@ class ReplayBuffer:
     trajectories.
     """
 
-    def __init__(self, capacity, horizon, observation_space, frame_stack, action_dim, skill_dim, rng):
+    def __init__(self, capacity, horizon, observation_space, frame_stack, action_dim, skill_dim, rng, device=None):
+        """device: where the storage lives and the training batches are drawn (--buffer-on-device); None keeps the
+        storage in host memory as numpy arrays, whose gather is several times faster than torch's on a CPU."""
         frame_shape = observation_space.shape[:-1] + (observation_space.shape[-1] // frame_stack,)
         num_trajectories = capacity // horizon
-        self.frames = np.zeros((num_trajectories, horizon + 1, *frame_shape), observation_space.dtype)
-        self.actions = np.zeros((num_trajectories, horizon, action_dim), np.float32)
-        self.skills = np.zeros((num_trajectories, skill_dim), np.float32)
-        self.horizon, self.frame_stack, self.rng = horizon, frame_stack, rng
+        self.horizon, self.frame_stack, self.rng, self.device = horizon, frame_stack, rng, device
+        self.frames = self.zeros((num_trajectories, horizon + 1, *frame_shape), observation_space.dtype)
+        self.actions = self.zeros((num_trajectories, horizon, action_dim), np.float32)
+        self.skills = self.zeros((num_trajectories, skill_dim), np.float32)
+        self.frame_offsets = self.to_storage(np.arange(1 - frame_stack, 2))  # frames t-k+1..t+1 of a transition at t
+        # the training draws on the device have their own generator, seeded from the replay stream
+        self.generator = None if device is None else torch.Generator(device).manual_seed(int(rng.integers(2**62)))
         self.pos, self.num_stored = 0, 0  # in trajectories
+
+    def zeros(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        return np.zeros(shape, dtype) if self.device is None else torch.zeros(shape, dtype=getattr(torch, dtype.name),
+                                                                              device=self.device)
+
+    def to_storage(self, array, like=None):
+        """A host array as the storage holds it: itself, or a tensor on the buffer's device (in `like`'s dtype)."""
+        if self.device is None:
+            return array
+        return torch.as_tensor(array, dtype=None if like is None else like.dtype, device=self.device)
 
     @property
     def size(self):  # stored transitions
@@ -456,24 +478,32 @@ class ReplayBuffer:
     def add(self, observations, actions, skills):
         """observations: (n, horizon + 1, *obs_shape) with the final one; actions: (n, horizon, |A|); skills: (n, d)."""
         n, capacity = len(observations), len(self.frames)
-        idx = (self.pos + np.arange(n)) % capacity
-        self.frames[idx] = observations[..., -self.frames.shape[-1]:]  # the newest frame of each stack
-        self.actions[idx], self.skills[idx] = actions, skills
+        idx = self.to_storage((self.pos + np.arange(n)) % capacity)
+        self.frames[idx] = self.to_storage(observations[..., -self.frames.shape[-1]:], self.frames)  # newest frames
+        self.actions[idx] = self.to_storage(actions, self.actions)
+        self.skills[idx] = self.to_storage(skills, self.skills)
         self.pos, self.num_stored = (self.pos + n) % capacity, min(self.num_stored + n, capacity)
 
     def gather(self, batch_size, rng=None):
         """The host's part of a minibatch of transitions, uniform (with replacement): whole frames only, those of s
-        and s' in one (B, k + 1) block, so the copy runs at memcpy speed; stacking them is left to the device."""
-        i = (rng or self.rng).integers(0, self.size, batch_size)
+        and s' in one (B, k + 1) block, so the copy runs at memcpy speed; stacking them is left to the device.
+        A training batch of a buffer on the device is drawn there; `rng` (evaluation's) draws on the host."""
+        if self.device is None or rng is not None:
+            i = self.to_storage((rng or self.rng).integers(0, self.size, batch_size))
+        else:
+            i = torch.randint(0, self.size, (batch_size,), generator=self.generator, device=self.device)
         trajectory, t = i // self.horizon, i % self.horizon
-        steps = np.maximum(t[:, None] + np.arange(1 - self.frame_stack, 2), 0)  # frames t-k+1..t+1, clipped at 0
+        steps = (t[:, None] + self.frame_offsets).clip(min=0)  # frames t-k+1..t+1, the first repeated before t = 0
         return {"frames": self.frames[trajectory[:, None], steps], "action": self.actions[trajectory, t],
                 "skill": self.skills[trajectory]}
 
     def sample(self, batch_size, device, rng=None):
         """A minibatch on `device`: each field copied there once (pinned, without waiting, on a GPU), and the stacks
-        of s (frames 0..k-1) and s' (frames 1..k) built there, where reordering bytes is cheap."""
-        batch = {key: to_device(value, device) for key, value in self.gather(batch_size, rng).items()}
+        of s (frames 0..k-1) and s' (frames 1..k) built there, where reordering bytes is cheap. A buffer on the
+        device copies nothing."""
+        batch = self.gather(batch_size, rng)
+        if self.device is None:
+            batch = {key: to_device(value, device) for key, value in batch.items()}
         frames = batch.pop("frames")
         return {"obs": stack_frames(frames[:, :-1]), "next_obs": stack_frames(frames[:, 1:]), **batch}
 
@@ -481,13 +511,18 @@ class ReplayBuffer:
         n = self.num_stored
         # Tensors over the arrays, not copies: torch.save writes them as they are, while a pickled numpy array
         # is copied several times over in memory on its way to disk (a pixel buffer's 1-3 GB, 4-5 times).
-        return {"pos": self.pos, "num_stored": n, "frames": torch.from_numpy(self.frames[:n]),
-                "actions": torch.from_numpy(self.actions[:n]), "skills": torch.from_numpy(self.skills[:n])}
+        # On the device, the arrays are copied to the host first, so that any machine can resume the run.
+        return {"pos": self.pos, "num_stored": n, "frames": torch.as_tensor(self.frames[:n]).cpu(),
+                "actions": torch.as_tensor(self.actions[:n]).cpu(), "skills": torch.as_tensor(self.skills[:n]).cpu(),
+                "generator": None if self.generator is None else self.generator.get_state()}
 
     def load_state_dict(self, state):
         self.pos, self.num_stored = state["pos"], state["num_stored"]
         n = self.num_stored
-        self.frames[:n], self.actions[:n], self.skills[:n] = state["frames"], state["actions"], state["skills"]
+        for name in ("frames", "actions", "skills"):
+            getattr(self, name)[:n] = state[name] if self.device is None else state[name].to(self.device)
+        if self.generator is not None and state.get("generator") is not None:  # else: moved to the device at resume
+            self.generator.set_state(state["generator"])
 
 
 # ---------------------------------------------------------------- evaluation (spec §4.1-4.2)
@@ -575,7 +610,8 @@ def main(args, ckpt=None):
     psi_optimizer = torch.optim.Adam(psi_params, **adam)
     actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
     alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
-    rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng)
+    rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng,
+                      device if args.buffer_on_device else None)
     modules = {"phi": phi, "psi1": psi1, "psi2": psi2, "psi1_target": psi1_target, "psi2_target": psi2_target,
                "actor": actor, "phi_optimizer": phi_optimizer, "psi_optimizer": psi_optimizer,
                "actor_optimizer": actor_optimizer, "alpha_optimizer": alpha_optimizer}

@@ -139,6 +139,28 @@ def test_resume_between_evaluations_with_resume_alone_continues_exactly(agent, t
 
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_buffer_on_device_trains_on_its_own_draws_and_resumes_exactly(agent, tiny_run, tmp_path):
+    """--buffer-on-device (the CPU as the device here): the same run up to the first update, different batches from
+    then on (torch's draws on the device), and resumed from its epoch-3 checkpoint, the same epochs 4 and 5."""
+    host_dir, _ = tiny_run(agent, *FIVE_EPOCHS)
+    run_dir, copies = tiny_run(agent, *FIVE_EPOCHS, "--buffer-on-device")
+    host, lines = without_timing(read_evals(host_dir)), without_timing(read_evals(run_dir))
+    assert [line["grad_steps"] for line in lines] == [0, 3, 9, 12]
+    assert lines[0] == host[0]  # epoch 0, before any batch is drawn
+    first_loss = DIAGNOSTICS[name(agent)][0]
+    assert all(line[first_loss] != twin[first_loss] for line, twin in zip(lines[1:], host[1:]))
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    assert ckpt["args"]["buffer_on_device"] and ckpt["buffer"]["generator"] is not None
+    resumed = tmp_path / "runs" / os.path.basename(run_dir)
+    resumed.mkdir(parents=True)
+    (resumed / "checkpoint.pt").write_bytes(copies[3])
+    (resumed / "eval.jsonl").write_text("".join(open(os.path.join(run_dir, "eval.jsonl")).readlines()[:2]))
+    run_agent(agent, tmp_path, "--resume", str(resumed / "checkpoint.pt"))
+    assert without_timing(read_evals(resumed)) == lines
+    assert_same_state(load(resumed / "checkpoint.pt"), ckpt)
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
 def test_nan_stops_the_run_and_leaves_a_checkpoint_it_resumes_from(agent, tiny_run, tmp_path, monkeypatch):
     """A NaN first loss from gradient step 4 on (the first of epoch 2): one line, and the epoch-2 checkpoint untouched
     on disk; resumed from it, the run matches the uninterrupted one (checkpoint periods change no number)."""

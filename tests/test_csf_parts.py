@@ -79,32 +79,65 @@ def test_actor_log_prob_is_the_tanh_gaussian_density():
     assert torch.allclose(actor.mode(obs, skill), torch.tanh(mean))
 
 
-def test_replay_buffer_wraps_around_and_round_trips():
+ON_DEVICE = [None, torch.device("cpu")]  # host numpy storage; --buffer-on-device's torch storage (the CPU here)
 
+
+@pytest.mark.parametrize("device", ON_DEVICE, ids=["host", "on-device"])
+@pytest.mark.parametrize("clone_device", ON_DEVICE, ids=["to-host", "to-device"])
+def test_replay_buffer_wraps_around_and_round_trips(device, clone_device):
+    """A state saved from either storage loads into either (--buffer-on-device may change at resume)."""
     space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
     rb = csf.ReplayBuffer(6, horizon=2, observation_space=space, frame_stack=1, action_dim=1, skill_dim=1,
-                          rng=np.random.default_rng(0))
+                          rng=np.random.default_rng(0), device=device)
     for first in (0, 10, 20, 30):  # 4 trajectories into room for 3: the oldest one is overwritten
         obs = np.arange(first, first + 3, dtype=np.float32).reshape(1, 3, 1)  # s_0, s_1, s_2 of one trajectory
         rb.add(obs, obs[:, :2] * 100, np.array([[first]], np.float32))
     assert rb.size == 6 and rb.pos == 1
     assert sorted(rb.skills[:, 0].tolist()) == [10, 20, 30]
-    clone = csf.ReplayBuffer(6, 2, space, 1, 1, 1, rng=np.random.default_rng(0))
+    clone = csf.ReplayBuffer(6, 2, space, 1, 1, 1, rng=np.random.default_rng(0), device=clone_device)
     clone.load_state_dict(rb.state_dict())
     assert (clone.pos, clone.size) == (rb.pos, rb.size)
+    assert isinstance(clone.frames, np.ndarray if clone_device is None else torch.Tensor)
     batch = clone.sample(64, "cpu")
     assert torch.equal(batch["next_obs"], batch["obs"] + 1)  # s' is the next step of the same trajectory
     assert torch.equal(batch["action"], batch["obs"] * 100)
     assert torch.equal(batch["skill"], torch.floor(batch["obs"] / 10) * 10)  # the trajectory's own skill
+    assert set(batch["obs"][:, 0].tolist()) == {10, 11, 20, 21, 30, 31}  # all 6 transitions are drawn
 
 
-def test_pixel_buffer_rebuilds_the_env_stacks_across_trajectory_boundaries():
+def test_a_buffer_on_the_device_draws_training_batches_with_its_own_generator_and_saves_it():
+    """Training draws come from the buffer's torch generator, reproducibly and restored by load_state_dict; an
+    evaluation's `rng` draws the same transitions from either storage."""
+    space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+
+    def filled(device, seed=0):
+        rb = csf.ReplayBuffer(40, 4, space, 1, 1, 1, rng=np.random.default_rng(seed), device=device)
+        obs = np.arange(50, dtype=np.float32).reshape(10, 5, 1)
+        rb.add(obs, obs[:, :4], np.arange(10, dtype=np.float32)[:, None])
+        return rb
+
+    rb, twin = filled(torch.device("cpu")), filled(torch.device("cpu"))
+    assert torch.equal(rb.sample(32, "cpu")["obs"], twin.sample(32, "cpu")["obs"])  # same seed, same draws
+    state = rb.state_dict()
+    first, second = rb.sample(32, "cpu")["obs"], rb.sample(32, "cpu")["obs"]
+    assert not torch.equal(first, second)
+    restored = filled(torch.device("cpu"), seed=1)  # another seed: its generator is replaced by the saved one
+    restored.load_state_dict(state)
+    assert torch.equal(restored.sample(32, "cpu")["obs"], first)
+    host = filled(None)
+    on_host = host.sample(32, "cpu", rng=np.random.default_rng(7))
+    on_device = rb.sample(32, "cpu", rng=np.random.default_rng(7))
+    assert all(torch.equal(on_host[key], on_device[key]) for key in on_host)
+
+
+@pytest.mark.parametrize("device", ON_DEVICE, ids=["host", "on-device"])
+def test_pixel_buffer_rebuilds_the_env_stacks_across_trajectory_boundaries(device):
 
     import envs
 
     env = envs.make_env("Quadruped")
     horizon, rng = 4, np.random.default_rng(0)
-    rb = csf.ReplayBuffer(2 * horizon, horizon, env.observation_space, 3, 12, 4, rng)
+    rb = csf.ReplayBuffer(2 * horizon, horizon, env.observation_space, 3, 12, 4, rng, device)
     trajectories = []
     for seed in range(3):  # three trajectories into room for two: the newest two remain, slots wrapped
         obs, _ = env.reset(seed=seed)
@@ -113,7 +146,8 @@ def test_pixel_buffer_rebuilds_the_env_stacks_across_trajectory_boundaries():
             observations.append(env.step(rng.uniform(-1, 1, 12))[0])
         trajectories.append(np.stack(observations))
         rb.add(trajectories[-1][None], np.zeros((1, horizon, 12)), np.zeros((1, 4)))
-    assert rb.frames.dtype == np.uint8 and rb.frames.shape == (2, horizon + 1, 64, 64, 3)  # one frame per step
+    assert rb.frames.dtype in (np.uint8, torch.uint8)
+    assert rb.frames.shape == (2, horizon + 1, 64, 64, 3)  # one frame per step
     class Draws:  # every transition of both slots, in order: slot 0's steps 0..3, then slot 1's
         def integers(self, low, high, size):
             return np.arange(size)

@@ -41,9 +41,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TARGETS = ("csf", "metra", "diayn", "visr", "cic", "dads", "hier-sac", "hier-ppo")
+ON_DEVICE = ("csf+device", "metra+device", "diayn+device", "visr+device", "cic+device", "dads+device")
+TARGETS = ("csf", "metra", "diayn", "visr", "cic", "dads", "hier-sac", "hier-ppo", *ON_DEVICE)  # +device: with
+# --buffer-on-device, whose steps copy nothing from the host at all
 INJECTED = "csf+inject"  # csf with a .item() and a host index slipped into its φ loss: they must be caught
-SHARES = (("csf", "diayn", "cic", "hier-sac", INJECTED), ("metra", "visr", "dads", "hier-ppo"))  # 2 processes
+SHARES = (("csf", "diayn", "cic", "hier-sac", INJECTED, "csf+device", "diayn+device", "cic+device"),
+          ("metra", "visr", "dads", "hier-ppo", "metra+device", "visr+device", "dads+device"))  # 2 processes
 AGENT_FLAGS = ("--num-envs", "2", "--learning-starts", "800", "--grad-steps-per-epoch", "3", "--batch-size", "16",
                "--hidden-dim", "16", "--buffer-size", "4000", "--num-eval-skills", "4", "--total-env-steps", "1200")
 HIER_FLAGS = ("--num-envs", "2", "--batch-size", "16", "--hidden-dim", "16", "--num-eval-episodes", "2",
@@ -223,6 +226,13 @@ def device_index(index):
     return index
 
 
+class HostGenerator(torch.Generator):
+    """torch.Generator("cuda") made on the host: its draws (device=cuda) land on the fake GPU, as a GPU's do."""
+
+    def __new__(cls, device="cpu"):
+        return torch._C.Generator(CPU if is_cuda(device) else device)
+
+
 @contextlib.contextmanager
 def fake_gpu():
     """While active, torch sees one GPU, and tensors put on it are FakeCuda."""
@@ -233,6 +243,7 @@ def fake_gpu():
         for name, value in {"is_available": lambda: True, "device_count": lambda: 1, "get_rng_state_all": lambda: [],
                             "mem_get_info": lambda *a: (64 << 30, 80 << 30), "set_rng_state": lambda *a: None}.items():
             patch.setattr(torch.cuda, name, value)
+        patch.setattr(torch, "Generator", HostGenerator)
         patch.setattr(torch, "save", lambda obj, *a, **k: save(
             tree_map(lambda x: x.elem.detach() if isinstance(x, FakeCuda) else x, obj), *a, **k))
         for supported in foreach:
@@ -301,7 +312,7 @@ def with_injected_syncs(loss_function):
 
 def probe(target, workdir):
     """Run `target`'s main under the fake GPU and the step tracer; return its report (JSON-able)."""
-    module = importlib.import_module("hierarchical" if target.startswith("hier") else target.removesuffix("+inject"))
+    module = importlib.import_module("hierarchical" if target.startswith("hier") else target.split("+")[0])
     os.makedirs(os.path.join(workdir, target, "child"))
     with contextlib.chdir(os.path.join(workdir, target)), contextlib.redirect_stdout(io.StringIO()), \
             pytest.MonkeyPatch.context() as patch:
@@ -314,6 +325,8 @@ def probe(target, workdir):
                                           "--grad-steps-per-epoch", "0", "--hidden-dim", "16", "--num-eval-skills", "1",
                                           "--no-cuda"]))
             flags = ("--checkpoint", os.path.abspath(glob.glob("child/runs/*")[0]), "--task", task, *HIER_FLAGS)
+        if target in ON_DEVICE:
+            flags = (*flags, "--buffer-on-device")
         if target == INJECTED:
             patch.setattr(module, "contrastive_phi_loss", with_injected_syncs(module.contrastive_phi_loss))
         parsed, tracer, error = module.parse_args(list(flags)), StepTracer(module), None
@@ -372,7 +385,10 @@ def test_the_tracer_sees_every_gradient_step_and_its_batch_copies(reports):
         report = reports[target]
         assert report["steps"] == report["grad_steps"] >= 6, (target, report["steps"], report["grad_steps"])
         copied = {e["step"] for e in report["events"] if e["kind"] == "H2D async copy"}
-        assert copied == set(range(1, report["steps"] + 1)), target  # each step's batch, sent to the device
+        if target in ON_DEVICE:  # the batch is drawn and gathered on the device
+            assert copied == set(), target
+        else:
+            assert copied == set(range(1, report["steps"] + 1)), target  # each step's batch, sent to the device
 
 
 def test_an_injected_item_and_cpu_index_are_caught_once_per_step_at_their_line(reports):
