@@ -8,13 +8,14 @@
 Flags after `--` go to every run. A combination an agent refuses (an env it does not run on, a flag it does not
 have) is skipped with the agent's own one-line reason, before anything starts. Every run works in its own folder,
 SWEEP_DIR/<agent>_<env>_seed<S>/ (the agent writes runs/<run_name>/ and its stdout.log there), and SWEEP_DIR/
-sweep.jsonl holds one line per run: its command, status (pending, running, done, failed) and folder. Running the
-same command again skips the runs that reached their budget and resumes the others from their checkpoints, so an
-interrupted sweep (the machine rebooted, the job hit its time limit, sweep.py was killed) is continued by repeating
-it. A run that a sibling sweep (another folder of the same parent) has already finished with the same arguments, once
-parsed, is not run again: its folder becomes a link to that run (the default variant that several ablation figures
-share, written `--xi 5` in one and `--critic inner` in another). Several commands may share one --sweep-dir (one agent
-at another budget): sweep.jsonl keeps every command's runs, and the report shows them all.
+sweep.jsonl holds one line per run: its command, budget, folder and status (pending, queued, running, done, failed,
+refused), and on SLURM its job ids and the reason of a failure. Running the same command again skips the runs that
+reached their budget and resumes the others from their checkpoints, so an interrupted sweep (the machine rebooted,
+the job hit its time limit, sweep.py was killed) is continued by repeating it. A run that a sibling sweep (another
+folder of the same parent) has already finished with the same arguments, once parsed, is not run again: its folder
+becomes a link to that run (the default variant that several ablation figures share, written `--xi 5` in one and
+`--critic inner` in another). Several commands may share one --sweep-dir (one agent at another budget): sweep.jsonl
+keeps every command's runs, and the report shows them all.
 
 What is refused, with one line, before anything starts: an agent other than csf metra diayn visr cic dads, an agent,
 env, seed or variant listed twice (two runs would share a folder), a variant or flag after `--` that sets what the
@@ -24,8 +25,22 @@ machine, the sweep.py that started it, and one left running by a killed sweep.py
 repeated. A run restarted without a checkpoint first deletes what an earlier start left without one.
 
 Backends, through submitit: `local` (default) runs --workers runs at once on this machine, one torch thread each
-unless --threads says otherwise; `slurm` submits every run as its own job (--partition, --gpus-per-run, --time in
-minutes, --mem in GB, --cpus-per-run). The agent scripts are the same on both.
+unless --threads says otherwise; `slurm` submits every run as a job of its own, named after the run (--partition,
+--account, --qos, --constraint, --gpus-per-run, --time in minutes, --mem in GB, --cpus-per-run, and any other sbatch
+option with --sbatch). The agent scripts are the same on both. A job decides what to do when it starts: nothing if
+its run reached its budget, else the agent, resuming the run's checkpoint if there is one, so that a requeued,
+preempted or timed-out job goes on where the last one stopped, in the run's one folder (a lock, job.lock, keeps a
+second job of the run from starting an agent beside the first). On SLURM a job warned of its time limit, or
+preempted, stops its agent and requeues itself (submitit's checkpointing) until its run reaches its budget.
+
+On SLURM, sweep.py only submits and follows: killing it (or closing its terminal) stops no job. sweep.jsonl records
+each run's job ids and state as they change, and the repeated command follows a run's live job (found in squeue by
+its comment, `cleanmisl sweep run <folder>`) instead of submitting another. A submission sbatch refuses is one line
+with sbatch's reason, and the other runs are submitted still; under a submit limit the rest wait for this sweep's
+jobs to end, or for the repeated command. A job that can never start (SLURM's reason PartitionConfig, say: it asks
+for more CPUs or memory than a node has) is cancelled, with that reason. A failed run's line quotes its job's reason
+and names the file that holds it, SWEEP_DIR/submitit/<job id>_0_log.err (the agent's own output is in the run's
+stdout.log).
 
 The report (written at the end of every sweep, or alone with --report) reads every run's eval.jsonl and writes
 SWEEP_DIR/report.md and report.png: coverage against env steps per agent and env (mean, min and max over seeds, the
@@ -36,6 +51,7 @@ next to a run's checkpoint) and hierarchical.py's (hierarchical runs started fro
 import argparse
 import contextlib
 import ctypes
+import fcntl
 import glob
 import hashlib
 import importlib
@@ -73,6 +89,8 @@ SWEEP_LINE = {"agent": str, "env_id": str, "seed": int, "folder": str, "command"
 EVAL_LINE = {"env_steps": int, "coverage": (int, float)}
 HIERARCHICAL_LINE = {"return_past10": (int, float, type(None))}  # None until an evaluation after epoch 0
 AGENT_LINE = {"pid": int, "start": int, "host": str}
+# what a run can be: not started; its job queued (SLURM) or running; done; failed; refused by sbatch
+STATUSES = ("done", "running", "queued", "failed", "refused", "pending")
 
 
 class SweepError(Exception):
@@ -179,21 +197,32 @@ def stop_process(pid, start):
         raise SweepError(f"cannot stop process {pid}: it outlived SIGKILL")
 
 
-def run_job(command, cwd, threads, driver=None):
-    """What a submitit job does: run one agent command in its folder, its output to stdout.log; the exit code.
-    While the agent runs, agent.pid in the folder records it. The agent does not outlive this process (prctl's
-    PR_SET_PDEATHSIG, on Linux), nor the sweep.py that started it: `driver`, {"pid", "start"}, on the local backend."""
+def run_job(command, cwd, threads, driver=None, started=None):
+    """Run one agent command in its folder, its output appended to stdout.log; the exit code. While the agent runs,
+    agent.pid in the folder records it (and the SLURM job it belongs to). The agent does not outlive this process
+    (prctl's PR_SET_PDEATHSIG, on Linux), nor the sweep.py that started it: `driver`, {"pid", "start"}, on the local
+    backend. It ignores SIGUSR2, the signal with which SLURM warns a job of its time limit: that is for the job,
+    which stops the agent itself. started(pid, start), if given, learns the agent's process."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     prctl = getattr(ctypes.CDLL(None), "prctl", None)  # looked up before the fork: nothing to load in the child
+
+    def in_the_child():  # after the fork, before the agent's program starts
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # an ignored signal stays ignored across exec
+        if prctl:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
     with open(os.path.join(cwd, "stdout.log"), "a") as log:
         agent = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 preexec_fn=prctl and (lambda: prctl(PR_SET_PDEATHSIG, signal.SIGTERM)))
+                                 preexec_fn=in_the_child)
     record_path, start = os.path.join(cwd, AGENT_RECORD), process_start(agent.pid)
     try:
         if start is not None:  # None: the agent ended already, or this is not Linux
             write_text(record_path, json.dumps({
                 "pid": agent.pid, "start": start, "host": socket.gethostname(), "driver_pid": driver and driver["pid"],
-                "driver_start": driver and driver["start"], "command": command}) + "\n")
+                "driver_start": driver and driver["start"], "slurm_job": os.environ.get("SLURM_JOB_ID"),
+                "command": command}) + "\n")
+            if started:
+                started(agent.pid, start)
         while True:
             try:
                 return agent.wait(timeout=1)
@@ -217,13 +246,14 @@ def run_job(command, cwd, threads, driver=None):
 def stop_orphaned_agent(folder):
     """Before a run of `folder` starts: if agent.pid names an agent still running on this machine, stop it when the
     sweep.py that started it is gone (killed: the agent was left behind), and refuse when one may still drive it.
-    An agent on another machine (a SLURM node) cannot be seen from here."""
+    An agent on another machine, or one that a SLURM job runs (the job is followed through SLURM), is left alone."""
     path = os.path.join(folder, AGENT_RECORD)
     records = read_json_lines(path, AGENT_LINE)
     if not records:
         return
     record = records[-1]
-    if record["host"] != socket.gethostname() or not alive(record["pid"], record["start"]):
+    if (record["host"] != socket.gethostname() or record.get("slurm_job")
+            or not alive(record["pid"], record["start"])):
         return
     driver_pid, driver_start = record.get("driver_pid"), record.get("driver_start")
     if not isinstance(driver_pid, int) or not isinstance(driver_start, int) or alive(driver_pid, driver_start):
@@ -325,6 +355,118 @@ def command(run):
             *(["--resume", checkpoint] if checkpoint else [])]
 
 
+JOB_LOCK = "job.lock"  # in a run's folder: held by the job that runs it
+JOB_REASON = "sweep.py job: "  # starts the line of a job's submitit .err log that says why its run failed
+MAX_STALLED = 3  # jobs in a row that may stop (time limit, preemption) without a new checkpoint before one fails
+
+
+class RunFailed(Exception):
+    """A run whose agent ended with an error or could not start; the message is the reason, one line."""
+
+
+@contextlib.contextmanager
+def job_lock(folder, patience=30):
+    """Hold the run's job.lock (flock) while the body runs, so that two jobs never run one run's agent at once: a
+    second job (a predecessor still ending, a job submitted beside a live one) waits `patience` seconds, then fails."""
+    path = os.path.join(folder, JOB_LOCK)
+    with open(path, "a") as f:
+        deadline = time.time() + patience
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() > deadline:
+                    raise RunFailed(f"another job is running {folder} (it holds {path}); this one stops") from None
+                time.sleep(0.5)
+        yield  # the lock goes when the file is closed, or when this process ends, however it ends
+
+
+def checkpoint_stamp(folder):
+    """The run's checkpoint and when it was written, to tell whether a job wrote a new one; None if it has none."""
+    path = agent_run_file(folder, "checkpoint.pt")
+    with contextlib.suppress(OSError):
+        return path and (path, os.stat(path).st_mtime_ns)
+    return None
+
+
+def last_line(path, offset=0):
+    """The last non-blank line of the file `path` after byte `offset`, '' if none (or no such file)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(offset, os.path.getsize(path) - 65536))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip()[:400] for line in reversed(lines) if line.strip()), "")
+
+
+class Job(submitit.helpers.Checkpointable):
+    """The job of one run, on either backend. What it does is decided when it starts, not when it was submitted, so
+    that a requeued, preempted or timed-out job goes on where the last one stopped: nothing if the run has reached
+    its budget; else its agent, continuing the run's checkpoint if it has one, or afresh in a folder cleared of what
+    earlier starts left without a checkpoint, so that the run keeps one agent run (runs/<name>/) whatever happens. It
+    holds the run's job.lock meanwhile. A failed agent makes the job fail (an exception) after one line on stderr,
+    `sweep.py job: <reason>`, which the driver quotes from the job's submitit .err log.
+
+    On SLURM, submitit calls checkpoint() when the job nears its time limit or is preempted (SIGUSR2, sent --signal
+    seconds ahead): the agent stops, its last checkpoint whole on disk (agents write them atomically), and the job
+    requeues itself, keeping its job id, to go on from there until the run reaches its budget. After MAX_STALLED jobs
+    in a row without a new checkpoint (a time limit shorter than one checkpoint period) it fails instead."""
+
+    def __init__(self, stalled=0):
+        self.stalled = stalled  # jobs in a row before this one that stopped without a new checkpoint
+        self.agent = self.stamp = None  # the agent's (pid, start); the checkpoint this job started from
+
+    def started(self, pid, start):
+        self.agent = (pid, start)
+
+    def __call__(self, run, threads, driver=None):
+        folder, log = run["folder"], os.path.join(run["folder"], "stdout.log")
+        try:
+            with job_lock(folder):
+                if finished(run):
+                    print(f"{folder} has reached its budget already: nothing to do", flush=True)
+                    return 0
+                if not agent_run_file(folder, "checkpoint.pt"):
+                    remove_stale_runs(folder)
+                self.stamp = checkpoint_stamp(folder)
+                offset = os.path.getsize(log) if os.path.exists(log) else 0
+                code = run_job(command(run), folder, threads, driver, started=self.started)
+        except (RunFailed, SweepError) as e:
+            print(JOB_REASON + str(e), file=sys.stderr, flush=True)
+            raise RunFailed(str(e)) from None
+        if code == 0:
+            return 0
+        last, script = last_line(log, offset), f"{run['agent']}.py"
+        if code < 0:
+            reason = f"{script} was killed by {signal.Signals(-code).name}" + (f" after: {last}" if last else "")
+        else:
+            reason = last if last.startswith(f"{script}: error:") else (
+                f"{script} ended with exit code {code}" + (f": {last}" if last else ""))
+        print(JOB_REASON + reason + f" (its output: {log})", file=sys.stderr, flush=True)
+        raise RunFailed(reason)
+
+    def checkpoint(self, run, threads, driver=None):
+        """submitit's call on SIGUSR2 (the time limit is near, or the job is preempted): stop the agent and return
+        the job to requeue, a new Job that starts from the checkpoint (None: not requeued, the job fails)."""
+        if self.agent:
+            stop_process(*self.agent)
+        stalled = self.stalled + 1 if checkpoint_stamp(run["folder"]) == self.stamp else 0
+        if stalled >= MAX_STALLED:
+            print(f"{JOB_REASON}{stalled} jobs in a row stopped before {run['folder']} wrote a new checkpoint: the "
+                  "time limit (--time) is shorter than one checkpoint period (the agent's --checkpoint-every); "
+                  "not requeued", file=sys.stderr, flush=True)
+            return None
+        print("requeued: the next job goes on from the run's checkpoint", flush=True)
+        return submitit.helpers.DelayedSubmission(Job(stalled), run, threads, driver)
+
+
+def job_spec(run):
+    """What a job needs to know of its run (small, and picklable without the agent's modules)."""
+    return {key: run[key] for key in ("agent", "argv", "folder", "final_env_steps")}
+
+
 def same_experiment(run, line):
     """Whether a line of another sweep runs the run's agent with the same arguments once parsed, so that
     `--critic inner` (the default written out) is the same experiment as no flag at all."""
@@ -362,32 +504,352 @@ def reuse_finished_twin(run, sweep_dir):
     return False
 
 
+def label(run):
+    """A run's name, that of its folder (agent, variant, env, seed), which its SLURM jobs are named after too."""
+    return os.path.basename(run["folder"])
+
+
+def recorded_jobs(line):
+    """The SLURM job ids that a sweep.jsonl line records, oldest first."""
+    jobs = line.get("jobs") if line else None
+    return [str(job) for job in jobs if isinstance(job, (str, int))] if isinstance(jobs, list) else []
+
+
 def write_state(sweep_dir, runs):
-    """sweep.jsonl: one line per run, its folder relative to the sweep's, so the file reads the same anywhere. Lines
-    of other commands that used the same folder (another agent at another budget) are kept, in their place."""
+    """sweep.jsonl: one line per run, its folder relative to the sweep's, so the file reads the same anywhere: its
+    command, budget (env steps), status, and where they apply its SLURM job ids (oldest first) and the reason of a
+    failure, a refusal or a wait. Lines of other commands that used the same folder (another agent at another
+    budget) are kept, in their place."""
     path = os.path.join(sweep_dir, "sweep.jsonl")
-    lines = {os.path.relpath(run["folder"], sweep_dir): {
-        "agent": run["agent"], "variant": run["variant"], "env_id": run["env_id"], "seed": run["seed"],
-        "status": run["status"], "folder": os.path.relpath(run["folder"], sweep_dir), "command": run["command"]}
-        for run in runs}
+    lines = {}
+    for run in runs:
+        folder = os.path.relpath(run["folder"], sweep_dir)
+        lines[folder] = {"agent": run["agent"], "variant": run["variant"], "env_id": run["env_id"], "seed": run["seed"],
+                         "status": run["status"], "folder": folder, "command": run["command"],
+                         "budget": run["final_env_steps"]}
+        lines[folder].update({key: run[key] for key in ("jobs", "reason") if run.get(key)})
     lines = {**{line["folder"]: line for line in read_json_lines(path, SWEEP_LINE)}, **lines}
     write_text(path, "".join(json.dumps(line) + "\n" for line in lines.values()))
 
 
+def env_steps(run):
+    """The env steps of the run's latest evaluation, -1 before its first."""
+    evals = read_evals(run["folder"])
+    return evals[-1]["env_steps"] if evals else -1
+
+
+def progress(runs, live):
+    """One line: how many runs are in each state; the latest evaluation of each live run, and why a queued one waits."""
+    counts = {status: sum(run["status"] == status for run in runs) for status in STATUSES}
+    line = " | ".join(f"{n} {status}" for status, n in counts.items() if n or status in ("done", "running", "failed"))
+    notes = [f"{label(run)} {e[-1]['env_steps']:,} steps, coverage {e[-1]['coverage']}"
+             for run in live if (e := read_evals(run["folder"]))]
+    notes += [f"{label(run)} waits: {run['waits']}" for run in live if run["status"] == "queued" and run.get("waits")]
+    return line + (": " + "; ".join(notes) if notes else "")
+
+
+def job_reason(err):
+    """Why a job failed, from its submitit .err log: the job's own `sweep.py job:` line, else the last line that
+    names an error (SLURM's, or a traceback's), both from the job's latest start; '' if there is none."""
+    try:
+        with open(err, "rb") as f:
+            f.seek(max(0, os.path.getsize(err) - 262144))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, line in enumerate(lines) if "Starting with JobEnvironment" in line]
+    lines = lines[starts[-1]:] if starts else lines
+    for match in (lambda line: line.startswith(JOB_REASON), lambda line: re.search("error", line, re.IGNORECASE)):
+        found = [line.strip() for line in lines if match(line)]
+        if found:
+            return found[-1].removeprefix(JOB_REASON)[:400]
+    return ""
+
+
+def failure(job_id, err, how=""):
+    """A failed run's reason, one line, naming the file that holds it (the job's submitit .err log)."""
+    reason = job_reason(err)
+    return f"job {job_id}{' ' + how if how else ''}{': ' + reason if reason else ''} (see {err})"
+
+
+def finish(args, runs):
+    """The end of a sweep: a line for each run that failed or was not submitted, the report; the exit code."""
+    for run in runs:
+        if run["status"] in ("failed", "refused"):
+            reason = run.get("reason") or f"see {os.path.join(run['folder'], 'stdout.log')}"
+            print(f"{run['status']}: {label(run)}: {reason}")
+    if any(read_evals(run["folder"]) for run in runs):
+        report(args.sweep_dir)
+    return 1 if any(run["status"] in ("failed", "refused") for run in runs) else 0
+
+
+# ---------------------------------------------------------------- this machine
+def run_locally(args, runs):
+    """The local backend: --workers runs at once, each a submitit job (a process) of its own."""
+    folder = os.path.join(args.sweep_dir, "submitit")
+    executor = submitit.LocalExecutor(folder, max_num_timeout=REQUEUES)
+    executor.update_parameters(timeout_min=args.time)
+    start = process_start(os.getpid())
+    driver = {"pid": os.getpid(), "start": start} if start is not None else None
+    jobs, last_report = {}, 0.0
+    while True:
+        for i, job in list(jobs.items()):
+            if job.done():
+                try:
+                    job.result()
+                    runs[i]["status"] = "done" if finished(runs[i]) else "failed"
+                except Exception:  # noqa: BLE001 - the job failed (its agent did, or it was killed): the run failed
+                    runs[i]["status"] = "failed"
+                if runs[i]["status"] == "failed":
+                    runs[i]["reason"] = failure(job.job_id, str(job.paths.stderr))
+                del jobs[i]
+        for i, run in enumerate(runs):
+            if run["status"] == "pending" and len(jobs) < args.workers:
+                jobs[i] = executor.submit(Job(), job_spec(run), args.threads or 1, driver)
+                run["status"] = "running"
+        write_state(args.sweep_dir, runs)
+        if not jobs:
+            return
+        if time.time() - last_report > args.progress_every:
+            last_report = time.time()
+            print(progress(runs, [runs[i] for i in jobs]), flush=True)
+        time.sleep(1)
+
+
+# ---------------------------------------------------------------- SLURM
+# the states of a job that ended (squeue shows them for MinJobAge after the end, sacct for ever)
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+         "DEADLINE", "REVOKED"}
+# the states of a live job that is not running (its run's status is "queued"); any other live state is "running"
+WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "RESV_DEL_HOLD", "SUSPENDED",
+           "STOPPED"}
+# how a job ends when the cluster ended it, not its run: a run that went forward in it is submitted again
+CLUSTER_EVENTS = {"PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "TIMEOUT"}
+# squeue's reason (%r) of a pending job that no wait will start, and what it means
+NEVER_STARTS = {
+    "PartitionConfig": "it asks for more than the partition's nodes have or than it allows "
+                       "(--cpus-per-run, --mem, --gpus-per-run, --time)",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
+    "PartitionTimeLimit": "--time is above the partition's time limit",
+    "BadConstraints": "no node has what it asks for (--constraint, --cpus-per-run, --mem, --gpus-per-run)",
+    "InvalidAccount": "--account is no account of yours",
+    "InvalidQOS": "--qos is no QOS of yours",
+    "AccountNotAllowed": "the partition takes no job of this account (--account)",
+    "QOSNotAllowed": "the partition takes no job of this QOS (--qos)",
+}
+PER_JOB_LIMIT = re.compile(r"(QOS|Assoc)Max\w*PerJob")  # a per-job limit of the QOS or association, also for ever
+SUBMIT_LIMIT = "job submit limit"  # in sbatch's refusal when the user has as many jobs as the QOS or association allows
+REQUEUES = 1_000_000  # submitit's limit on a job's requeues after a time limit: the run's budget is the limit instead
+
+
 def slurm_parameters(args):
-    """submitit's parameters for one run as one SLURM job."""
-    return {"slurm_partition": args.partition, "gpus_per_node": args.gpus_per_run, "timeout_min": args.time,
-            "mem_gb": args.mem, "cpus_per_task": args.cpus_per_run, "nodes": 1, "tasks_per_node": 1}
+    """submitit's parameters for one run as one SLURM job (its name and comment are the run's, given at submission).
+    SIGUSR2 comes --signal seconds before the time limit: 90 s, a sixth of the limit for limits under 9 minutes
+    (SLURM looks at time limits every 30 s or so, and may send it that much earlier)."""
+    params = {"slurm_partition": args.partition, "slurm_account": args.account, "slurm_qos": args.qos,
+              "slurm_constraint": args.constraint, "timeout_min": args.time, "mem_gb": args.mem,
+              "cpus_per_task": args.cpus_per_run, "nodes": 1, "tasks_per_node": 1,
+              "slurm_signal_delay_s": min(90, args.time * 10), "gpus_per_node": args.gpus_per_run or None,
+              "slurm_additional_parameters": dict(args.sbatch) or None}
+    return {key: value for key, value in params.items() if value is not None}
 
 
 def make_executor(args, folder):
-    if args.backend == "local":
-        executor = submitit.LocalExecutor(folder)
-        executor.update_parameters(timeout_min=args.time)
-    else:
-        executor = submitit.AutoExecutor(folder, cluster="slurm")
-        executor.update_parameters(**slurm_parameters(args))
+    executor = submitit.AutoExecutor(folder, cluster="slurm", slurm_max_num_timeout=REQUEUES)
+    executor.update_parameters(**slurm_parameters(args))
     return executor
+
+
+def job_comment(run):
+    """The comment of the run's jobs, by which a later sweep.py finds a live job that sweep.jsonl does not name."""
+    return f"cleanmisl sweep run {run['folder']}"
+
+
+def job_log(submitit_dir, job_id):
+    return os.path.join(submitit_dir, f"{job_id}_0_log.err")
+
+
+def slurm(*command):
+    """The output of a SLURM command; SweepError with its complaint if it fails."""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SweepError(f"{command[0]} failed ({e})") from None
+    if proc.returncode:
+        raise SweepError(f"{command[0]} failed: {last_line_of(proc.stderr) or f'exit code {proc.returncode}'}")
+    return proc.stdout
+
+
+def last_line_of(text):
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+
+
+def slurm_queue():
+    """This user's jobs that SLURM's queue holds, those that ended within MinJobAge too:
+    {job id: {"state", "reason", "comment"}}."""
+    jobs = {}
+    for line in slurm("squeue", "-h", "-t", "all", "-u", str(os.getuid()), "-o", "%i|%T|%r|%k").splitlines():
+        fields = line.split("|", 3)
+        if len(fields) == 4:
+            jobs[fields[0]] = {"state": fields[1], "reason": fields[2], "comment": fields[3]}
+    return jobs
+
+
+def slurm_accounting(job_ids):
+    """How jobs that left the queue ended, from sacct: {job id: state}; {} where the cluster keeps no accounting."""
+    try:
+        text = slurm("sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", "JobID,State")
+    except SweepError:
+        return {}
+    return {fields[0]: fields[1].split()[0] for fields in (line.split("|") for line in text.splitlines())
+            if len(fields) == 2 and fields[1]}
+
+
+def sbatch_reason(text):
+    """sbatch's refusal in one line: its error lines, joined."""
+    errors = [line.split("error:", 1)[1].strip() for line in text.splitlines() if "error:" in line]
+    return "sbatch: " + "; ".join(errors) if errors else last_line_of(text) or "sbatch refused it"
+
+
+def submit(executor, run, threads):
+    """Submit the run's job: (its id, None), or (None, sbatch's reason for refusing it)."""
+    executor.update_parameters(name=label(run), slurm_comment=job_comment(run))
+    folder = str(executor.folder)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's complaint; it is quoted instead
+            return executor.submit(Job(), job_spec(run), threads).job_id, None
+    except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as e:
+        for name in os.listdir(folder):  # the pickle and script of the job that never was
+            if re.fullmatch(r"[0-9a-f]{32}\.pkl|\.submission_file_[0-9a-f]{32}\.sh", name):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(folder, name))
+        return None, sbatch_reason(str(e))
+
+
+def follow_earlier_jobs(runs, queue):
+    """Runs whose job an earlier sweep.py submitted and that is still live (found by its comment): followed, not
+    submitted again."""
+    for run in runs:
+        live = sorted((job_id for job_id, job in queue.items()
+                       if job["comment"] == job_comment(run) and job["state"] not in ENDED), key=job_number)
+        if run["status"] == "done" or not live:
+            continue
+        if len(live) > 1:
+            warn(f"{label(run)} has {len(live)} live jobs ({', '.join(live)}); following {live[-1]}, the latest")
+        run["jobs"] = [job_id for job_id in run["jobs"] if job_id not in live] + live
+        run["status"], run["progress"] = "queued", env_steps(run)
+        print(f"following job {live[-1]} of {label(run)} ({queue[live[-1]]['state'].lower()}), which an earlier "
+              "sweep.py submitted", flush=True)
+
+
+def job_number(job_id):
+    return int(re.match(r"\d+", job_id).group())
+
+
+def follow(runs, queue, submitit_dir):
+    """Update the runs whose job is live from SLURM's queue (or, for one that left it, its accounting); True if one
+    of those jobs ended. A job that can never start is cancelled, its run failed with SLURM's reason."""
+    live = [run for run in runs if run["status"] in ("queued", "running")]
+    gone = [run["jobs"][-1] for run in live if run["jobs"][-1] not in queue]
+    accounted = slurm_accounting(gone) if gone else {}
+    ended = False
+    for run in live:
+        job_id = run["jobs"][-1]
+        job = queue.get(job_id) or {"state": accounted.get(job_id, "GONE"), "reason": ""}
+        state, why = job["state"], job["reason"]
+        if state in ENDED or state == "GONE":
+            end_of_job(run, job_id, state, submitit_dir)
+            ended = True
+        elif state in WAITING:
+            run["status"], run["waits"] = "queued", why
+            never = NEVER_STARTS.get(why) or (PER_JOB_LIMIT.match(why) and "a per-job limit of the QOS or account")
+            if never:
+                subprocess.run(["scancel", job_id], capture_output=True)
+                run.update(status="failed", reason=f"job {job_id} can never start: SLURM's reason is {why}, {never}; "
+                                                   "cancelled it")
+                print(f"cancelled job {job_id} of {label(run)}: it can never start ({why}: {never})", flush=True)
+                ended = True
+        else:
+            run["status"], run["waits"] = "running", None
+    return ended
+
+
+def end_of_job(run, job_id, state, submitit_dir):
+    """A run whose job ended: done if it reached its budget; submitted again if the cluster ended the job (a time
+    limit it could not requeue itself from, preemption, a node's failure) after the run went forward in it; else
+    failed, with the job's reason."""
+    if finished(run):
+        run.update(status="done", reason=None)
+    elif state in CLUSTER_EVENTS and env_steps(run) > run.get("progress", -1):
+        run.update(status="pending", reason=f"job {job_id} ended {state}: submitted again")
+        print(f"{label(run)}: job {job_id} ended {state}; submitting the run again, from its checkpoint", flush=True)
+    else:
+        how = "left SLURM's queue (sacct cannot say how it ended)" if state == "GONE" else f"ended {state}"
+        run.update(status="failed", reason=failure(job_id, job_log(submitit_dir, job_id), how))
+
+
+def run_on_slurm(args, runs):
+    """The SLURM backend: every run a job of its own, submitted and followed from here. Killing sweep.py stops no
+    job: the repeated command follows the live ones (by their comment) instead of submitting them again, and
+    sweep.jsonl records every run's job ids and status as they change."""
+    submitit_dir = os.path.join(args.sweep_dir, "submitit")
+    executor = make_executor(args, submitit_dir)
+    threads, poll = args.threads or args.cpus_per_run, min(10.0, args.progress_every)
+    try:
+        queue = slurm_queue()
+    except SweepError as e:
+        raise SweepError(f"cannot read SLURM's queue, so cannot tell which runs have a live job ({e})") from None
+    follow_earlier_jobs(runs, queue)
+    write_state(args.sweep_dir, runs)
+    slot_wait, session_jobs, last_report, silent_since = False, 0, 0.0, None
+    while True:
+        refused = {}
+        for run in runs:
+            if run["status"] != "pending" or slot_wait:
+                continue
+            job_id, reason = submit(executor, run, threads)
+            news = None
+            if job_id:
+                run.update(status="queued", reason=None, waits=None, progress=env_steps(run))
+                run["jobs"] = [*run["jobs"], job_id]
+                session_jobs += 1
+                news = f"submitted {label(run)}: job {job_id}"
+            elif SUBMIT_LIMIT in reason and any(r["status"] in ("queued", "running") for r in runs):
+                run["reason"], slot_wait = f"waiting for a free submit slot: {reason}", True
+                news = (f"sbatch refused {label(run)} ({reason}); it and the runs after it are submitted as this "
+                        "sweep's jobs end")
+            else:
+                run.update(status="refused", reason=reason)
+                refused.setdefault(reason, []).append(label(run))
+            write_state(args.sweep_dir, runs)  # at once: a driver killed now leaves every submitted job recorded
+            if news:
+                print(news, flush=True)
+        live = [run for run in runs if run["status"] in ("queued", "running")]
+        if refused and not live and not session_jobs and all(r["status"] in ("done", "refused") for r in runs):
+            count, reason = sum(map(len, refused.values())), next(iter(refused))
+            raise SweepError(f"sbatch refused {'the run' if count == 1 else f'all {count} runs'}: {reason}")
+        for reason, labels in refused.items():
+            print(f"sbatch refused {', '.join(labels)}: {reason}", flush=True)
+        if not live:
+            if slot_wait:  # nothing of this sweep holds a slot any more: one more try each
+                slot_wait = False
+                continue
+            return
+        time.sleep(poll)
+        try:
+            queue, silent_since = slurm_queue(), None
+        except SweepError as e:
+            silent_since = silent_since or time.time()
+            if time.time() - silent_since > 600:
+                raise SweepError(f"SLURM's queue has not answered for 10 minutes ({e}); the jobs go on: repeat the "
+                                 "command to follow them") from None
+            continue
+        if follow(runs, queue, submitit_dir):
+            slot_wait = False
+        write_state(args.sweep_dir, runs)
+        if time.time() - last_report > args.progress_every:
+            last_report = time.time()
+            print(progress(runs, [run for run in runs if run["status"] in ("queued", "running")]), flush=True)
 
 
 def sweep(args, flags):
@@ -395,51 +857,19 @@ def sweep(args, flags):
     if not runs:
         raise SweepError("no run left to do: every combination was refused")
     make_folder(args.sweep_dir)
+    earlier = {line["folder"]: line for line in read_json_lines(os.path.join(args.sweep_dir, "sweep.jsonl"),
+                                                                 SWEEP_LINE)}
     for run in runs:
         make_folder(run["folder"])
         stop_orphaned_agent(run["folder"])
+        run["jobs"] = recorded_jobs(earlier.get(os.path.relpath(run["folder"], args.sweep_dir)))
         if finished(run) or reuse_finished_twin(run, args.sweep_dir):
             run["status"] = "done"
     write_state(args.sweep_dir, runs)  # before any run starts: an unreadable sweep.jsonl stops the sweep here
     print(f"sweep in {args.sweep_dir}: {len(runs)} runs, "
           f"{sum(r['status'] == 'done' for r in runs)} already done", flush=True)
-    executor = make_executor(args, os.path.join(args.sweep_dir, "submitit"))
-    threads = args.threads if args.threads else (1 if args.backend == "local" else args.cpus_per_run)
-    limit = args.workers if args.backend == "local" else len(runs)
-    start = process_start(os.getpid())
-    driver = {"pid": os.getpid(), "start": start} if args.backend == "local" and start is not None else None
-    jobs, last_report = {}, 0.0
-    while True:
-        for i, job in list(jobs.items()):
-            if job.done():
-                try:
-                    exit_code = job.result()
-                except Exception:  # noqa: BLE001 - the job itself failed (killed, timed out): the run failed
-                    exit_code = 1
-                runs[i]["status"] = "done" if exit_code == 0 and finished(runs[i]) else "failed"
-                del jobs[i]
-        for i, run in enumerate(runs):
-            if run["status"] == "pending" and len(jobs) < limit:
-                remove_stale_runs(run["folder"])
-                jobs[i] = executor.submit(run_job, command(run), run["folder"], threads, driver)
-                run["status"] = "running"
-        write_state(args.sweep_dir, runs)
-        if not jobs:
-            break
-        if time.time() - last_report > args.progress_every:
-            last_report = time.time()
-            counts = {s: sum(r["status"] == s for r in runs) for s in ("done", "running", "failed", "pending")}
-            latest = [f"{runs[i]['agent']}/{runs[i]['env_id']}/{runs[i]['seed']} "
-                      f"{e[-1]['env_steps']:,} steps, coverage {e[-1]['coverage']}"
-                      for i in jobs if (e := read_evals(runs[i]["folder"]))]
-            print(" | ".join(f"{n} {s}" for s, n in counts.items()) + (": " + "; ".join(latest) if latest else ""),
-                  flush=True)
-        time.sleep(1)
-    failed = [r for r in runs if r["status"] == "failed"]
-    for run in failed:
-        print(f"failed: {run['agent']}.py {' '.join(run['argv'])} (see {os.path.join(run['folder'], 'stdout.log')})")
-    report(args.sweep_dir)
-    return 1 if failed else 0
+    (run_on_slurm if args.backend == "slurm" else run_locally)(args, runs)
+    return finish(args, runs)
 
 
 # ---------------------------------------------------------------- the report
@@ -512,7 +942,10 @@ def report(sweep_dir):
         found = [results[run["folder"]] for run, _ in members]
         cells = [f"{np.mean([r[k] for r in found if k in r]):.3g}" if any(k in r for r in found) else "–"
                  for k in extras]
-        cells = [agent, env_id, ", ".join(str(run["seed"]) for run, _ in members), f"{steps[-1]:,}",
+        unfinished = [f"seed {run['seed']} {run.get('status', 'unknown')}" for run, _ in members
+                      if run.get("status") != "done"]
+        partial = f" (partial: {', '.join(unfinished)})" if unfinished else ""  # not the budget: steps so far
+        cells = [agent, env_id, ", ".join(str(run["seed"]) for run, _ in members), f"{steps[-1]:,}{partial}",
                  f"{mean[-1]:.1f} ({low[-1]:.0f}–{high[-1]:.0f})", *cells]
         rows.append("| " + " | ".join(cells) + " |")
     for ax, env_id in zip(axes[0], env_ids):
@@ -528,7 +961,8 @@ def report(sweep_dir):
         plt.close(fig)
     commands = sorted({run["command"] for run in runs})
     text = ("# Sweep report\n\nRuns:\n\n" + "\n".join(f"- `{c}`" for c in commands)
-            + "\n\nFinal evaluation (the last env-step count every seed reached); coverage is counted on the 48 "
+            + "\n\nFinal evaluation (the last env-step count every seed reached; \"partial\" where a seed has not "
+            "reached its budget: it failed, or is still queued or running); coverage is counted on the 48 "
             "deterministic evaluation rollouts.\n\n" + "\n".join(rows) + "\n\n![coverage](report.png)\n")
     write_text(os.path.join(sweep_dir, "report.md"), text)
     print("\n".join(rows))
@@ -565,6 +999,32 @@ def positive_seconds(text):
 positive_seconds.__name__ = "float"
 
 
+# sbatch's options that the sweep sets itself: the flag of sweep.py that sets it, or why none may
+SBATCH_SET_BY_THE_SWEEP = {
+    "partition": "use --partition", "account": "use --account", "qos": "use --qos", "constraint": "use --constraint",
+    "time": "use --time", "mem": "use --mem", "cpus-per-task": "use --cpus-per-run",
+    "gpus-per-node": "use --gpus-per-run", "job-name": "each job is named after its run",
+    "comment": "the sweep finds a run's live job by its comment", "output": "submitit keeps each job's logs",
+    "error": "submitit keeps each job's logs", "open-mode": "submitit keeps each job's logs",
+    "signal": "the job's warning of its time limit is set from --time", "nodes": "a run is one task on one node",
+    "ntasks-per-node": "a run is one task on one node", "array": "every run is a job of its own",
+}
+
+
+def sbatch_option(text):
+    """An argparse type: one sbatch option, NAME=VALUE or NAME (a switch), as (name, value or True)."""
+    name, value = text.split("=", 1) if "=" in text else (text, True)
+    name = name.removeprefix("--")
+    if not re.fullmatch(r"[a-z][a-z0-9-]+", name):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE or NAME with a long sbatch option's name")
+    if name in SBATCH_SET_BY_THE_SWEEP:
+        raise argparse.ArgumentTypeError(f"{name} is set by the sweep: {SBATCH_SET_BY_THE_SWEEP[name]}")
+    return name, value
+
+
+sbatch_option.__name__ = "sbatch option"
+
+
 def sets_what_the_sweep_sets(tokens):
     """The first of --env-id, --seed and --resume that `tokens` give (in any spelling tyro reads), else None."""
     for token in tokens:
@@ -596,8 +1056,10 @@ def check(parser, args, flags):
     if sets_what_the_sweep_sets(flags):
         parser.error(f"the flags after -- set {sets_what_the_sweep_sets(flags)}, which the sweep sets itself "
                      "(--env-ids, --seeds, and --resume to continue a run)")
-    if args.backend == "slurm" and shutil.which("sbatch") is None:
-        parser.error("--backend slurm needs SLURM's sbatch, which is not on PATH here")
+    missing = next((tool for tool in ("sbatch", "srun", "squeue", "sacct", "scancel") if shutil.which(tool) is None),
+                   None)
+    if args.backend == "slurm" and missing:
+        parser.error(f"--backend slurm needs SLURM's {missing}, which is not on PATH here")
     if args.sweep_dir == "":
         parser.error("--sweep-dir must name a folder")
     if args.sweep_dir and os.path.exists(args.sweep_dir) and not os.path.isdir(args.sweep_dir):
@@ -611,23 +1073,35 @@ def run_command(argv):
     parser.add_argument("--agents", nargs="+", default=["csf", "metra"], choices=AGENTS, metavar="AGENT",
                         help=f"agent scripts: {' '.join(AGENTS)}")
     parser.add_argument("--env-ids", nargs="+", default=["Ant"], help="envs of envs.py")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="seeds: one run each")
     parser.add_argument("--variants", nargs="+", default=[""], help='more flags per variant of each agent, one string '
                         'each: --variants "--critic inner" "--critic mlp" (an ablation)')
     parser.add_argument("--sweep-dir", help="the sweep's folder (unset: benchmarks/sweeps/<a name made from the "
                                             "command>, so the same command finds its sweep again)")
     parser.add_argument("--report", metavar="SWEEP_DIR", help="only write the report of an existing sweep")
-    parser.add_argument("--backend", choices=["local", "slurm"], default="local")
+    parser.add_argument("--backend", choices=["local", "slurm"], default="local",
+                        help="local: runs on this machine; slurm: every run a SLURM job (see above)")
     parser.add_argument("--workers", type=at_least(1), default=os.cpu_count(), help="local: runs at once")
     parser.add_argument("--threads", type=at_least(1),
                         help="torch threads per run (unset: 1 locally, --cpus-per-run on SLURM)")
-    parser.add_argument("--partition", help="slurm: the partition")
-    parser.add_argument("--gpus-per-run", type=at_least(0), default=0, help="slurm: GPUs per job")
+    parser.add_argument("--partition", help="slurm: the partition (unset: the cluster's default)")
+    parser.add_argument("--account", help="slurm: the account the jobs are charged to (unset: your default)")
+    parser.add_argument("--qos", help="slurm: the quality of service of the jobs (unset: the account's default)")
+    parser.add_argument("--constraint", help="slurm: node features the jobs need, in sbatch's syntax (a100|h100)")
+    parser.add_argument("--sbatch", nargs="+", type=sbatch_option, default=[], metavar="OPTION",
+                        help="slurm: more sbatch options for every job, NAME=VALUE or NAME, without the dashes: "
+                             "--sbatch reservation=maint exclusive")
+    parser.add_argument("--gpus-per-run", type=at_least(0), default=0,
+                        help="slurm: GPUs per job (0: none, and nothing about GPUs is sent)")
     parser.add_argument("--cpus-per-run", type=at_least(1), default=4, help="slurm: CPUs per job")
     parser.add_argument("--time", type=at_least(1), default=24 * 60,
-                        help="minutes a run may take (slurm: the job's limit)")
+                        help="minutes a job may take; a run that needs longer goes on in the next job from its "
+                             "checkpoint (slurm: the job's time limit; the job requeues itself, warned by SIGUSR2 "
+                             "90 s before it, a sixth of the limit under 9 minutes)")
     parser.add_argument("--mem", type=at_least(1), default=32, help="slurm: GB of memory per job")
-    parser.add_argument("--progress-every", type=positive_seconds, default=60, help="seconds between progress lines")
+    parser.add_argument("--progress-every", type=positive_seconds, default=60,
+                        help="seconds between progress lines (slurm: the queue is read every 10 s, or this often "
+                             "if shorter)")
     args = parser.parse_args(argv)
     if args.report is not None:
         if not args.report or not os.path.isfile(os.path.join(args.report, "sweep.jsonl")):

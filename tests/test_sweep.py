@@ -5,6 +5,7 @@ line each), damaged files, agents left running, stale run folders, unwritable fo
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,15 +122,98 @@ def test_a_killed_sweep_takes_its_agent_along_and_the_repeated_command_resumes(t
 
 
 def test_slurm_parameters_through_the_debug_executor(tmp_path):
-    args = SimpleNamespace(partition="gpu", gpus_per_run=1, time=90, mem=16, cpus_per_run=4)
+    args = SimpleNamespace(partition="gpu", account="lab", qos="high", constraint="a100|h100", gpus_per_run=1,
+                           sbatch=[("reservation", "maint"), ("exclusive", True)], time=90, mem=16, cpus_per_run=4)
     params = sweep.slurm_parameters(args)
-    assert params == {"slurm_partition": "gpu", "gpus_per_node": 1, "timeout_min": 90, "mem_gb": 16,
-                      "cpus_per_task": 4, "nodes": 1, "tasks_per_node": 1}
+    assert params == {"slurm_partition": "gpu", "slurm_account": "lab", "slurm_qos": "high",
+                      "slurm_constraint": "a100|h100", "gpus_per_node": 1, "timeout_min": 90, "mem_gb": 16,
+                      "cpus_per_task": 4, "nodes": 1, "tasks_per_node": 1, "slurm_signal_delay_s": 90,
+                      "slurm_additional_parameters": {"reservation": "maint", "exclusive": True}}
+    bare = sweep.slurm_parameters(SimpleNamespace(partition=None, account=None, qos=None, constraint=None,
+                                                  gpus_per_run=0, sbatch=[], time=1, mem=1, cpus_per_run=1))
+    assert bare == {"timeout_min": 1, "mem_gb": 1, "cpus_per_task": 1, "nodes": 1, "tasks_per_node": 1,
+                    "slurm_signal_delay_s": 10}  # no GPU, nothing about GPUs; SIGUSR2 10 s ahead of a 1-minute limit
     executor = submitit.AutoExecutor(tmp_path, cluster="debug")
     executor.update_parameters(**params)  # every parameter is one submitit knows
-    (tmp_path / "run").mkdir()
-    job = executor.submit(sweep.run_job, [sys.executable, "-c", "print('hello from a run')"], str(tmp_path / "run"), 1)
-    assert job.result() == 0 and "hello from a run" in (tmp_path / "run" / "stdout.log").read_text()
+    run = {"agent": "csf", "argv": ["--env-id", "Ant", "--total-env-steps", "400"], "folder": str(tmp_path / "run"),
+           "final_env_steps": 400}
+    write_run(tmp_path / "run", [2, 3], steps=(0, 400))  # its budget reached: the job starts no agent
+    assert executor.submit(sweep.Job(), run, 1).result() == 0 and not (tmp_path / "run" / "stdout.log").exists()
+
+
+def test_a_job_decides_at_its_start_and_a_failed_agent_gives_its_reason(tmp_path, capsys):
+    """What a job runs is decided when it starts (here: the agent refuses a flag at once), and the line it writes to
+    its .err log is what the sweep quotes; job_reason reads it from the job's latest start."""
+    run = {"agent": "csf", "argv": ["--env-id", "Ant", "--hidden-dim", "0"], "folder": str(tmp_path),
+           "final_env_steps": 400}
+    with pytest.raises(sweep.RunFailed) as failed:
+        sweep.Job()(run, 1)
+    assert str(failed.value) == "csf.py: error: --hidden-dim must be in [1, inf), got 0"
+    log = tmp_path / "stdout.log"
+    assert capsys.readouterr().err == f"sweep.py job: {failed.value} (its output: {log})\n"
+    err = tmp_path / "7_0_log.err"
+    err.write_text("submitit INFO - Starting with JobEnvironment(job_id=7)\nsweep.py job: an old failure\n"
+                   "submitit INFO - Starting with JobEnvironment(job_id=7)\nTraceback (most recent call last):\n"
+                   "  ...\nsubmitit.core.utils.UncompletedJobError: Job not requeued because: timed-out.\n")
+    assert sweep.job_reason(str(err)) == ("submitit.core.utils.UncompletedJobError: Job not requeued because: "
+                                          "timed-out.")  # the latest start's error, not an earlier start's line
+    assert sweep.failure(7, str(err), "ended FAILED").startswith("job 7 ended FAILED: submitit.core.utils.")
+    assert sweep.job_reason(str(tmp_path / "none.err")) == "" and sweep.failure(8, "x.err") == "job 8 (see x.err)"
+
+
+def test_a_job_warned_of_its_time_limit_stops_its_agent_and_requeues_itself_unless_it_is_stuck(tmp_path, capsys):
+    """Job.checkpoint, as submitit calls it on SIGUSR2: the agent stops, and the job to requeue is a new Job; after
+    MAX_STALLED starts in a row without a new checkpoint, none (the job fails instead of requeuing for ever)."""
+    run = {"agent": "csf", "argv": [], "folder": str(tmp_path), "final_env_steps": 400}
+    write_run(tmp_path, [2], steps=(0,))
+    checkpoint = tmp_path / "runs" / "r" / "checkpoint.pt"
+    checkpoint.write_bytes(b"epoch 1")
+    job = sweep.Job()
+    job.stamp = sweep.checkpoint_stamp(str(tmp_path))
+    agent = sleeper(tmp_path)
+    job.started(agent.pid, sweep.process_start(agent.pid))
+    os.utime(checkpoint, ns=(1, 1))  # the agent wrote a new checkpoint in this job
+    delayed = job.checkpoint(run, 1)
+    assert agent.wait(timeout=15) == -signal.SIGTERM
+    assert isinstance(delayed.function, sweep.Job) and delayed.function.stalled == 0
+    assert delayed.args == (run, 1, None)
+    for stalled in range(1, sweep.MAX_STALLED):  # no new checkpoint since the job started
+        job = sweep.Job(stalled - 1)
+        job.stamp = sweep.checkpoint_stamp(str(tmp_path))
+        assert job.checkpoint(run, 1).function.stalled == stalled
+    capsys.readouterr()
+    job = sweep.Job(sweep.MAX_STALLED - 1)
+    job.stamp = sweep.checkpoint_stamp(str(tmp_path))
+    assert job.checkpoint(run, 1) is None
+    assert capsys.readouterr().err.startswith(f"sweep.py job: {sweep.MAX_STALLED} jobs in a row stopped before")
+
+
+def test_a_failed_local_run_points_at_the_log_that_holds_its_reason(tmp_path):
+    """The agent fails after it started (a replay buffer beyond memory): the run's line names the job's .err log."""
+    proc = run_sweep(tmp_path, "--agents", "csf", "--env-ids", "Ant", "--seeds", "1", "--", "--total-env-steps", "400",
+                     "--buffer-size", "100000000000", *TINY)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out
+    (line,) = [line for line in out.splitlines() if line.startswith("failed:")]
+    match = re.fullmatch(r"failed: csf_Ant_seed1: job (\d+): csf\.py: error: this run needs at least .* GiB of host "
+                         r"memory: .* \(its output: .*stdout\.log\) \(see (.*)\)", line)
+    assert match and match[2] == str(tmp_path / "submitit" / f"{match[1]}_0_log.err"), line
+    assert "sweep.py job: csf.py: error: this run needs at least" in open(match[2]).read()
+    (state,) = [json.loads(text) for text in (tmp_path / "sweep.jsonl").read_text().splitlines()]
+    assert state["status"] == "failed" and line.endswith(state["reason"])
+
+
+def test_the_report_marks_a_failed_or_unfinished_runs_steps_as_partial(tmp_path):
+    lines = hand_made_sweep(tmp_path, seeds=(1, 2, 3))
+    unfinished = [lines[0], lines[1].replace('"status": "done"', '"status": "failed"'),
+                  lines[2].replace('"status": "done"', '"status": "running"')]
+    (tmp_path / "sweep.jsonl").write_text("".join(unfinished))
+    assert sweep.main(["--report", str(tmp_path)]) == 0
+    assert ("| csf | Ant | 1, 2, 3 | 1,600 (partial: seed 2 failed, seed 3 running) | 20.0 (10–30) |"
+            in (tmp_path / "report.md").read_text())
+    (tmp_path / "sweep.jsonl").write_text("".join(lines))  # every seed done: the steps are final
+    assert sweep.main(["--report", str(tmp_path)]) == 0
+    assert "| csf | Ant | 1, 2, 3 | 1,600 | 20.0 (10–30) |" in (tmp_path / "report.md").read_text()
 
 
 def test_refused_combinations_are_skipped_with_one_line(tmp_path, capsys):
@@ -254,6 +338,11 @@ REFUSED = [
     (["--variants", "--resume runs/r/checkpoint.pt"], "sets --resume"),
     (["--seeds", "1", "2", "--", "--seed", "3"], "the flags after -- set --seed, which the sweep sets itself"),
     (["--", "--env_id", "HalfCheetah"], "the flags after -- set --env-id"),
+    (["--sbatch", "job-name=mine"], "argument --sbatch: job-name is set by the sweep: each job is named after its "
+                                    "run"),
+    (["--sbatch", "time=10"], "argument --sbatch: time is set by the sweep: use --time"),
+    (["--sbatch", "Reservation=x"], "argument --sbatch: 'Reservation=x' is not NAME=VALUE or NAME with a long sbatch "
+                                    "option's name"),
     (["--sweep-dir", ""], "--sweep-dir must name a folder"),
     (["--agents", "dads", "--env-ids", "Quadruped"], "no run left to do: every combination was refused"),
     (["--report", ""], "'' is not a sweep folder (it has no sweep.jsonl)"),
