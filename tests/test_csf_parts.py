@@ -40,7 +40,7 @@ def test_successor_feature_target_takes_the_whole_vector_of_the_argmin_net():
     next_psi1 = torch.tensor([[1.0, 0.0], [0.0, 0.0]])  # values ψ̄ᵀz: 1.0 and 0.0
     next_psi2 = torch.tensor([[0.5, 5.0], [2.0, 2.0]])  # values ψ̄ᵀz: 0.5 and 2.0
     dphi = torch.tensor([[0.1, 0.2], [0.3, 0.4]])
-    target = csf.successor_feature_target(dphi, next_psi1, next_psi2, skill, gamma=0.5)
+    target = csf.successor_feature_target(dphi, torch.stack([next_psi1, next_psi2]), skill, gamma=0.5)
     # sample 1 picks ψ̄2's whole vector (0.5, 5.0) — an elementwise min would give (0.5, 0.0); sample 2 picks ψ̄1
     expected = torch.tensor([[0.1 + 0.25, 0.2 + 2.5], [0.3, 0.4]])
     assert torch.allclose(target, expected)
@@ -210,5 +210,5 @@ def test_scalar_head_enters_the_value_and_the_argmin():
     # ψ̄1 has the larger ψ̄ᵀz (2 > 1) but the smaller value once its scalar head (-5) counts: it is the argmin
     next_psi1, next_psi2 = torch.tensor([[2.0, 0.0, -5.0]]), torch.tensor([[1.0, 0.0, 0.0]])
     cumulant = torch.tensor([[0.5, 0.0, -1.0]])
-    target = csf.successor_feature_target(cumulant, next_psi1, next_psi2, skill, gamma=0.5)
+    target = csf.successor_feature_target(cumulant, torch.stack([next_psi1, next_psi2]), skill, gamma=0.5)
     assert target.tolist() == [[0.5 + 1.0, 0.0, -1.0 - 2.5]]
