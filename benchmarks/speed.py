@@ -91,21 +91,14 @@ def profile_epoch(agent_name, width, cuda):
     """Seconds per epoch in each section of an eager run, by the agent's own record_function labels, after its first
     epoch (the warm-up: first updates, cuDNN/cuBLAS autotuning): the host's seconds, and on a GPU the device's
     (kernel time, CUDA activity) as well. Evaluation is spread over PAPER_EVAL_EVERY epochs."""
-    import importlib
-
-    agent = importlib.import_module(agent_name)
+    agent = step_profile.import_agent(agent_name)
     torch.set_num_threads(1)
     epochs = 5
     flags = ["--env-id", "Ant", "--hidden-dim", str(width), "--learning-starts", "0", "--eval-every", str(epochs),
              "--total-env-steps", str(epochs * STEPS_PER_EPOCH), *([] if cuda else ["--no-cuda"])]
     activities = [torch.profiler.ProfilerActivity.CPU, *([torch.profiler.ProfilerActivity.CUDA] if cuda else [])]
-    old = os.getcwd()
-    os.chdir(tempfile.mkdtemp(prefix="profile_"))
-    try:
-        with torch.profiler.profile(activities=activities) as prof:
-            agent.main(*agent.parse_args(flags))
-    finally:
-        os.chdir(old)
+    prof = torch.profiler.profile(activities=activities)
+    step_profile.run_in_folder(agent, flags, prof)
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     second_epoch = [e for e in events if e.key == "collection"][1].time_range.start
     measured = [e for e in events if e.time_range.start >= second_epoch]  # and the last evaluation (not the first)

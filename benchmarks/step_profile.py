@@ -74,7 +74,6 @@ def run_in_folder(agent, flags, mode):
                 agent.main(args, ckpt)
         finally:
             os.chdir(old)
-    return args
 
 
 def import_agent(agent_name):
