@@ -80,7 +80,8 @@ def test_halfcheetah_run_feeds_the_discriminator_the_next_observation(tmp_path, 
 
 
 def test_gaussian_discriminator_of_the_official_robobin_script():
-    """z ~ N(0, I_d), q(z|s') = N(μ(s'), σ(s')), r = log q(z|s') - log(1/d) (spec §2.3, §5.11)."""
+    """z ~ N(0, I_d), q(z|s') = N(μ(s'), σ(s')), r = log q(z|s') - log(1/d)
+    (the official iod/metra.py with --inner 0)."""
     mean, log_std = torch.tensor([[0.0, 1.0]]), torch.tensor([[0.0, math.log(2.0)]])
     skill = torch.tensor([[1.0, 1.0]])
     # log N(1; 0, 1) + log N(1; 1, 2) = (-½ - ½ log 2π) + (-log 2 - ½ log 2π), plus log d = log 2

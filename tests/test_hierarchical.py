@@ -108,7 +108,7 @@ def test_discrete_sac_over_a_diayn_child(tiny_run, tmp_path):
                         "--total-env-steps", "800", "--learning-starts", "16", "--grad-steps-per-epoch", "2", *TINY)
     first, *_, last = read_evals(run_dir)
     assert last["grad_steps"] == 4 and math.isfinite(last["qf_loss"])  # 2 updates in each of the 2 epochs
-    assert last["alpha"] > 0.1  # target entropy +log 50 lies above any policy's entropy: α can only grow (spec §5.16)
+    assert last["alpha"] > 0.1  # target entropy +log 50 lies above any policy's entropy: α only grows (iod/sac.py)
     ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
     actions = ckpt["buffer"]["actions"]
     assert not actions.dtype.is_floating_point and actions.min() >= 0 and actions.max() < 50  # one of the K = 50 skills

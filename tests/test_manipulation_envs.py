@@ -1,4 +1,4 @@
-"""The manipulation worlds (Kitchen, Robobin) of envs.py (spec §3.4, §3.5, §4.2, §4.3).
+"""The manipulation worlds (Kitchen, Robobin) of envs.py (the official envs/lexa/mykitchen.py and envs/lexa/robobin.py).
 
     python -m pytest -q tests/test_manipulation_envs.py     # ~30 s on 2 CPU cores
 """
@@ -48,7 +48,7 @@ def hand(env):
 
 def test_env_specs():
     # horizon, num_envs, grad_steps_per_epoch, buffer_size, eval_every, total_env_steps, goal_range, coord_dim,
-    # pixels, frame_stack (spec §1.1, §2.7, §4.1)
+    # pixels, frame_stack (the official scripts/pretrain/*/*.sh)
     assert envs.ENV_SPECS["Kitchen"] == envs.EnvSpec(50, 8, 100, 100_000, 250, 4_800_000, 0.0, 6, True, 3)
     assert envs.ENV_SPECS["Robobin"] == envs.EnvSpec(200, 10, 100, 300_000, 500, 4_800_000, 0.0, 9, True, 3)
     assert envs.KITCHEN_TASKS == (
@@ -221,7 +221,8 @@ def test_kitchen_gripper_opens_one_finger(kitchen, a6, fingers):
 def test_kitchen_success_tests():
     start = np.array(envs.KITCHEN_QPOS)
     assert not envs.kitchen_successes(start).any()
-    # (qpos index, value just inside, value just outside) per task, from the thresholds of spec §3.4
+    # (qpos index, value just inside, value just outside) per task, from the official
+    # Kitchen's success thresholds (lexa_envs/kitchen.py)
     cases = [(9, -0.39, -0.37), (17, -0.26, -0.24), (19, 0.46, 0.48), (21, 0.31, 0.29), (22, -0.69, -0.71)]
     for task, (index, inside, outside) in enumerate(cases):
         qpos = start.copy()
@@ -333,7 +334,7 @@ def test_robobin_goals(robobin):
         assert goal.shape == (64, 64, 9) and goal.dtype == np.uint8
         assert np.array_equal(goal[..., 0:3], goal[..., 3:6]) and np.array_equal(goal[..., 3:6], goal[..., 6:9])
         assert np.abs(goal[..., :3].astype(int) - start[..., :3]).max() > 50
-        # the task asked, not the official env's goal 0 (spec §5.10): from ReachLeft's goal no other task succeeds
+        # the task asked, not the official env's goal 0: from ReachLeft's goal no other task succeeds
         assert [u.task_success(t) for t in range(4)] == [t == task for t in range(4)]
         state = u._coordinates()
         assert np.allclose(state[:3], hands[task], atol=0.002)

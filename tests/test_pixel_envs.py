@@ -1,4 +1,5 @@
-"""The pixel worlds (Quadruped, Humanoid) and PixelEncoder of envs.py (spec §1.9, §3.3, §4.3).
+"""The pixel worlds (Quadruped, Humanoid) and PixelEncoder of envs.py
+(the official envs/custom_dmc_tasks and garagei/torch/modules/with_encoder.py).
 
     python -m pytest -q tests/test_pixel_envs.py     # ~15 s on 2 CPU cores
 """
@@ -16,7 +17,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ACTION_DIMS = {"Quadruped": 12, "Humanoid": 21}
-CAMERA_IDS = {"Quadruped": 2, "Humanoid": 0}  # "y" and "back" (spec §3.3)
+CAMERA_IDS = {"Quadruped": 2, "Humanoid": 0}  # "y" and "back", the official run/train.py: make_env's cameras
 AGENT_STEP_SECONDS = {"Quadruped": 2 * 0.02, "Humanoid": 2 * 0.025}  # action repeat 2 × DMC control step
 
 

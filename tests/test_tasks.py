@@ -1,4 +1,5 @@
-"""The downstream tasks of hierarchical control (spec §4.4) and the encoder of the pixel tasks' observations.
+"""The downstream tasks of hierarchical control
+(the official envs/mujoco/*goal* and envs/custom_dmc_tasks/goal_wrappers.py) and the encoder of the pixel tasks' observations.
 
     python -m pytest -q tests/test_tasks.py     # ~15 s on 2 CPU cores
 """

@@ -1,0 +1,95 @@
+"""How the scripts read: the algorithm before the infrastructure, a `main` a student reads in one sitting, named stats,
+lines within 120 characters, references a reader can follow, and the flags a run resolved from its env shown.
+
+    python -m pytest -q tests/test_style.py     # a few seconds
+"""
+
+import ast
+import os
+import re
+import subprocess
+
+import pytest
+from conftest import AGENTS, name
+
+import envs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = [f"{name(agent)}.py" for agent in AGENTS] + ["goal_reaching.py", "hierarchical.py", "envs.py"]
+# documents the project draws on that a user's clone does not have: code and docs never send a reader there
+OUTSIDE_DOCUMENTS = re.compile(r"spec §|spec\.md|\.\./shared|calibration\.md|worlds\.md")
+
+
+def tree(script):
+    with open(os.path.join(ROOT, script), encoding="utf-8") as f:
+        return ast.parse(f.read())
+
+
+def top_level(script):
+    """Line of each top-level function and class of a script, by name."""
+    return {node.name: node.lineno for node in tree(script).body
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+
+
+def function(script, function_name):
+    (node,) = [node for node in tree(script).body if isinstance(node, ast.FunctionDef) and node.name == function_name]
+    return node
+
+
+def nested_functions(node):
+    return [inner for inner in ast.walk(node) if isinstance(inner, ast.FunctionDef) and inner is not node]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_lines_stay_within_120_characters(script):
+    with open(os.path.join(ROOT, script), encoding="utf-8") as f:
+        long_lines = [number for number, line in enumerate(f, 1) if len(line.rstrip("\n")) > 120]
+    assert not long_lines, f"{script}: lines over 120 characters: {long_lines}"
+
+
+def test_no_reference_to_a_document_outside_the_repository():
+    tracked = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.sh", ".ci/run"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert "csf.py" in tracked and "README.md" in tracked
+    found = []
+    for path in tracked:
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            found += [f"{path}:{number}" for number, line in enumerate(f, 1) if OUTSIDE_DOCUMENTS.search(line)]
+    assert not found, found
+
+
+@pytest.mark.parametrize("script", [f"{name(agent)}.py" for agent in AGENTS] + ["hierarchical.py"])
+def test_main_is_the_training_loop_between_the_algorithm_and_the_infrastructure(script):
+    """Networks and the replay buffer come before `main`, the command line after it; `main` fits in 150 lines and
+    holds no closure but its gradient step(s)."""
+    lines = top_level(script)
+    main = function(script, "main")
+    assert main.end_lineno - main.lineno + 1 <= 150, f"{script}: main runs {main.end_lineno - main.lineno + 1} lines"
+    assert max(line for definition, line in lines.items() if definition.endswith("Buffer")) < lines["main"]
+    assert lines["main"] < lines["parse_args"]
+    steps = {"hierarchical.py": {"sac_update", "ppo_update"}}.get(script, {"update"})
+    assert {inner.name for inner in nested_functions(main)} == steps
+
+
+@pytest.mark.parametrize("script", [f"{name(agent)}.py" for agent in AGENTS])
+def test_update_returns_its_stats_by_name(script):
+    (update,) = [inner for inner in nested_functions(function(script, "main")) if inner.name == "update"]
+    returns = [node.value for node in ast.walk(update) if isinstance(node, ast.Return)]
+    assert returns and all(isinstance(value, ast.Dict) for value in returns)
+    for value in returns:
+        keys = [key.value for key in value.keys]
+        assert any(key.endswith("_loss") for key in keys), keys
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_start_up_prints_the_flags_resolved_from_the_env(agent, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args, ckpt = agent.parse_args(["--env-id", "HalfCheetah", "--no-cuda"])
+    *_, writer = agent.start_run(args, ckpt)
+    writer.close()
+    printed = capsys.readouterr().out
+    spec = envs.ENV_SPECS["HalfCheetah"]
+    assert f"HalfCheetah (horizon {spec.horizon})" in printed, printed
+    for flag, value in [("total-env-steps", args.total_env_steps), ("eval-every", args.eval_every),
+                        ("buffer-size", args.buffer_size), ("skill-dim", args.skill_dim)]:
+        assert f"--{flag} {value}" in printed, (flag, printed)
