@@ -103,3 +103,31 @@ def test_every_script_has_its_page():
     assert set(AGENTS) <= scripts, f"agent scripts missing: {set(AGENTS) - scripts}"
     missing = [name for name in sorted(scripts) if not (ROOT / "docs" / f"{name}.md").is_file()]
     assert not missing, f"no docs page for {missing}"
+
+
+def table_rows_of_another_width(text):
+    """Rows of a markdown table whose number of cells differs from its header's: a '|' left unescaped inside a cell
+    (in code or not, GitHub splits there) shifts the rest of the row."""
+    wrong, width = [], None
+    for number, line in enumerate(FENCE.sub(lambda block: "\n" * block.group().count("\n"), text).splitlines(), 1):
+        if not line.startswith("|"):
+            width = None
+            continue
+        cells = len(re.split(r"(?<!\\)\|", line.strip())) - 2
+        if width is None:
+            width = cells
+        elif cells != width:
+            wrong.append(f"line {number}: {cells} cells, the header has {width}")
+    return wrong
+
+
+def test_table_widths_are_checked():
+    assert table_rows_of_another_width("| a | b |\n|---|---|\n| 1 | 2 |\n\n| c |\n|---|\n| 3 |\n") == []
+    assert table_rows_of_another_width("| a | b |\n|---|---|\n| H ≥ −\\|A\\|/2 | 2 |\n") == []
+    assert table_rows_of_another_width("| a | b |\n|---|---|\n| H ≥ −|A|/2 | 2 |\n") == ["line 3: 4 cells, the header has 2"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_table_row_has_its_headers_cells(page):
+    wrong = table_rows_of_another_width(page.read_text(encoding="utf-8"))
+    assert not wrong, f"{page.name}: {wrong}"
