@@ -90,6 +90,7 @@ def test_start_up_prints_the_flags_resolved_from_the_env(agent, tmp_path, capsys
     printed = capsys.readouterr().out
     spec = envs.ENV_SPECS["HalfCheetah"]
     assert f"HalfCheetah (horizon {spec.horizon})" in printed, printed
-    for flag, value in [("total-env-steps", args.total_env_steps), ("eval-every", args.eval_every),
-                        ("buffer-size", args.buffer_size), ("skill-dim", args.skill_dim)]:
-        assert f"--{flag} {value}" in printed, (flag, printed)
+    resolved = agent.env_defaults("HalfCheetah")  # the flags whose default depends on the env
+    assert {"total_env_steps", "eval_every", "buffer_size", "num_envs"} <= set(resolved)
+    for flag in resolved:
+        assert f"--{flag.replace('_', '-')} {getattr(args, flag)}" in printed, (flag, printed)
