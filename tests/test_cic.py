@@ -75,8 +75,8 @@ def test_the_last_step_of_a_trajectory_is_terminal(tmp_path):
     batch = rb.sample(2000, "cpu")
     assert torch.equal(batch["last"] == 1, batch["obs"][:, 0] == 199)  # terminal exactly at the 200th step
     assert 0 < batch["last"].mean().item() < 0.02
-    assert cic.critic_target(torch.ones(2), torch.tensor([0.0, 1.0]), torch.ones(2), torch.ones(2), torch.zeros(2),
-                             0.1, 0.5).tolist() == [1.5, 1.0]  # bootstrap cut at the terminal step
+    assert cic.critic_target(torch.ones(2), torch.tensor([0.0, 1.0]), torch.ones(2, 2), torch.zeros(2),
+                             0.1, 0.5).tolist() == [1.5, 1.0]  # bootstrap cut at the terminal step (twin Q̄ = 1)
     run_dir = run_agent(cic, tmp_path, "--total-env-steps", "800", "--num-envs", "2", "--learning-starts", "400",
                         "--grad-steps-per-epoch", "2", "--batch-size", "16", "--hidden-dim", "16",
                         "--num-eval-skills", "2", "--no-time-limit-terminal", "--no-cuda")
