@@ -1,45 +1,46 @@
-"""VISR (Hansen et al., ICLR 2020), a baseline of "Can a MISL Fly?" (Zheng et al., ICLR 2025), in one file.
+"""VISR, Variational Intrinsic Successor featuRes (Hansen et al., ICLR 2020), in one file: a baseline of "Can a MISL
+Fly? Analysis and Ingredients for Mutual Information Skill Learning" (Zheng, Tuyls, Peng and Eysenbach, ICLR 2025).
+
+A skill z ~ p(z) = Unif(S^{d-1}) is held for a whole trajectory of the policy π(a | s, z). VISR learns φ(s) ∈ R^d as a
+von Mises-Fisher discriminator of the skill from the *current* state, q(z | s) ∝ exp(ê(s)ᵀz), ê(s) = φ(s)/‖φ(s)‖,
+κ = 1, on the reverse variational lower bound (paper App. A.5; Hansen et al., Eq. 9):
+    I(S; Z) ≥ H(Z) + E[log q(z | s)],   so   max_φ E[ê(s)ᵀz].
+The policy maximizes the reward r(s, z) = φ(s)ᵀz = ‖φ(s)‖ ê(s)ᵀz (the official code regresses ψ on the unnormalized
+φ(s); --normalized-cumulant on ê(s)). Linear in z, so the critic is a vector, as CSF's (paper §5.2): successor features
+ψ(s, a, z) ∈ R^d regressed by TD onto φ(s) + γ ψ̄(s', a', z), a' ~ π(·|s', z), with Q(s, a, z) = ψ(s, a, z)ᵀz. π is
+SAC's actor on that Q, α tuned automatically; no GPI, which the paper's VISR leaves out on continuous control
+(App. B.2).
 
     python visr.py --env-id Ant                       # the paper's settings: d = 5 unit-sphere skills
     python visr.py --env-id Ant --hidden-dim 256      # what a CPU can train in an hour
     python visr.py --env-id Humanoid                  # 64×64 pixels (wants a GPU)
 
-VISR learns a von Mises-Fisher discriminator q(z|s) ∝ exp(ê(s)ᵀz), ê(s) = φ(s)/‖φ(s)‖, of the *current* state,
-and successor features ψ(s, a, z) of φ whose value ψᵀz the policy maximizes: the reverse variational lower bound
-I(S; Z) ≥ H(Z) + E[log q(z|s)] (paper App. B) with CSF's critic machinery. It is csf.py with another φ loss and
-another cumulant; no GPI (the paper's VISR evaluates on continuous control without it).
-
-Every epoch (spec §1.1): evaluate every `eval_every` epochs (epoch 0 included), collect `num_envs`
-trajectories of the env's horizon with one skill z ~ Unif(S^{d-1}) each, then, once `learning_starts`
-transitions are stored, take `grad_steps_per_epoch` gradient steps, each on its own minibatch (spec §1.5, §2.4):
-  1. φ step: maximize E[ê(s)ᵀz], the log vMF density (κ = 1) up to a constant
-  2. ψ step: regress the successor features on φ(s) + γ ψ̄, φ just updated
-  3. π step: maximize ψ(s, a, z)ᵀz + α H(π)
-  4. α step: automatic entropy tuning towards -|A|/2.
-
-The cumulant. The official code regresses ψ on the unnormalized φ(s), so the critic's Q = ψᵀz values the reward
-φ(s)ᵀz = ‖φ(s)‖ ê(s)ᵀz, while the discriminator scores ê(s)ᵀz (spec §5.12). We keep the official cumulant,
-behind the published numbers; --normalized-cumulant regresses ψ on ê(s) instead, so that Q values the
-discriminator's own score.
-
-Deliberate differences from the official code (none changes the algorithm behind the published numbers):
-  - time-limit steps are simply never terminal; the official code marks them done and then zeroes
-    every done with --turn_off_dones 1 (spec §1.3, §1.11).
-  - dropped because they never affect learning (spec §7): the buffer's unused future-goal sampler, the
-    unused target φ, METRA's λ machinery, and the stored rewards / next actions / returns.
+Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features, iod/metra_sf.py
+run with --no_diff_in_rep 1 --self_normalizing 1 --dual_reg 0; none changes the algorithm behind the published numbers):
+  - time-limit steps are simply never terminal; the official sampler marks the last step of every trajectory done
+    (garagei/sampler/option_worker.py), and the scripts' --turn_off_dones 1 then zeroes every done.
+  - dropped because they never affect learning: the replay buffer's future-goal sampler, whose draws nothing reads
+    (garagei/replay_buffer/path_buffer_ex.py), the target φ that iod/metra.py creates and never updates, METRA's λ
+    machinery, which --dual_reg 0 turns off, and the stored rewards / next actions / returns.
   - ê(s) divides by max(‖φ(s)‖, 1e-12), so a zero φ(s) gives 0 rather than NaN.
-  - evaluation every 500 epochs on Ant, 1000 on HalfCheetah, 125 on pixels, as csf.py; the official DIAYN and
-    VISR scripts evaluate half as often on Ant and on pixels (spec §4.1). Evaluation never changes training.
+  - evaluation every 500 epochs on Ant, 1000 on HalfCheetah, 125 on Quadruped and Humanoid, as csf.py; the official
+    DIAYN and VISR scripts (scripts/pretrain/) evaluate half as often on Ant, Quadruped and Humanoid
+    (--n_epochs_per_eval 1000, 250). Evaluation never changes training.
   - additions, not in the official code: the last epoch is always evaluated and checkpointed, every
     evaluation also reports the mean ê(s)ᵀz over 10k replay transitions, and a --buffer-size that is not a
     multiple of the horizon is rounded down to whole trajectories (the paper's 1M and 300k are). A checkpoint
     also holds the loss means since the last evaluation, so a run resumed from any epoch reports what the
     uninterrupted run does.
   - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
-    22 GB at 300k transitions, same samples); envs.py renders without shadows or multisampling and seeds
-    every env differently (spec §5.18), as for csf.py.
+    22 GB at 300k transitions, same samples); on a CPU, envs.py renders by default without shadows or
+    multisampling (2-70x faster there; CLEANMISL_RENDER=official draws the official look), and it seeds every env
+    differently, where the official run/train.py: make_env seeds every worker's task alike, so that they all repeat
+    the same initial states.
   - on a GPU, float32 matmuls use TF32 (torch.set_float32_matmul_precision("high")), which is faster there; a CPU
     computes them in full float32, and the tests' numbers are the CPU's.
+
+The file reads in the paper's order: Args; the losses; the networks; the replay buffer; `main`, the training loop; then
+the infrastructure main calls (the command line, start-up, checkpoints, evaluation, logging).
 """
 
 import contextlib
@@ -72,7 +73,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 AGENT = "visr"
-SKILL_DIMS = {"Ant": 5, "HalfCheetah": 5, "Quadruped": 5, "Humanoid": 5, "Kitchen": 5, "Robobin": 5}  # paper Table 4
+# the paper's skill dimensions (App. B.3's table of skill dimensions per method and environment)
+SKILL_DIMS = {"Ant": 5, "HalfCheetah": 5, "Quadruped": 5, "Humanoid": 5, "Kitchen": 5, "Robobin": 5}
 NUM_DIAGNOSTIC_SAMPLES = 10_000  # replay transitions behind the mean-ê(s)ᵀz diagnostic
 NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 
@@ -86,7 +88,8 @@ class Args:
     seed: int = 1
     """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
     total_env_steps: Optional[int] = None
-    """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states, 4.8M on pixels)"""
+    """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states,
+    4.8M on pixels)"""
     num_envs: Optional[int] = None
     """trajectories collected per epoch, one skill each, stepped together (unset: 8, Robobin 10)"""
     grad_steps_per_epoch: Optional[int] = None
@@ -150,210 +153,82 @@ RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resum
                      "track", "wandb_project_name", "wandb_entity", "capture_video", "compile")
 
 
-def error(message):
-    """End the run with one line on stderr, no traceback."""
-    sys.exit(f"visr.py: error: {message}")
+# ======================================================================================================================
+# THE ALGORITHM
+# ======================================================================================================================
 
-
-def resume_hint(checkpoint_path):
-    """What a stopped run can be resumed from."""
-    if os.path.isfile(checkpoint_path):
-        return f"resume with --resume {checkpoint_path}"
-    return "no checkpoint was written yet"
-
-
-def non_finite(state, prefix=""):
-    """The names of the float tensors holding NaN or inf in a (nested) state dict, such as
-    "actor_optimizer.state.0.exp_avg_sq"."""
-    if torch.is_tensor(state):
-        return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
-    if isinstance(state, dict):
-        return [name for key, value in state.items() for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
-    if isinstance(state, (list, tuple)):
-        return [name for i, value in enumerate(state) for name in non_finite(value, f"{prefix}.{i}")]
-    return []
-
-
-def truncate_log(log_path, last_epoch):
-    """Keep the evaluations of eval.jsonl up to `last_epoch` (a resumed run does the later ones again), rewritten
-    atomically. Blank lines and a torn last line (a crash while it was written) are dropped, the latter with a
-    warning; any other line that is not an evaluation ends the run with one line."""
-    if not os.path.isfile(log_path):
-        return
-    with open(log_path) as f:
-        lines = [line.rstrip("\n") for line in f if line.strip()]
-    kept = []
-    for number, line in enumerate(lines, 1):
-        try:
-            epoch = json.loads(line)["epoch"]
-        except (ValueError, KeyError, TypeError):
-            if number < len(lines):
-                error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
-            print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
-            continue
-        if epoch <= last_epoch:
-            kept.append(line + "\n")
-    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text("".join(kept)),
-                     resume_hint(os.path.join(os.path.dirname(log_path), "checkpoint.pt")))
-
-
-def write_atomically(path, write, hint):
-    """Write `path` by `write(temporary path)`, then rename it into place: a write that fails (a full disk, a
-    read-only folder) leaves the earlier file whole and no temporary behind, and ends the run with one line."""
-    root, extension = os.path.splitext(path)
-    temporary = f"{root}.tmp{extension}"  # the extension tells savefig and imageio the format
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except BaseException as e:  # a failed write, or Ctrl-C or an error mid-write: no temporary left behind
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a failed write as a RuntimeError
-            raise
-        if isinstance(e, OSError):
-            reason = e.strerror or str(e)
-        elif "unexpected pos" in str(e) or "write failed" in str(e):
-            reason = "the write was cut short: is the disk full?"
-        else:
-            reason = " ".join(str(e).split())[:120]
-        error(f"cannot write {path} ({reason}); {hint}")
-
-
-def free_memory(device):
-    """Bytes of memory free now: the GPU's, or the host's (MemAvailable); inf where it cannot be read."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return math.inf
-
-
-def check_memory(args, observation_space, action_dim, horizon, frame_stack, device):
-    """Refuse, before anything is allocated, a run that cannot fit in the memory free now, with what it needs.
-    Lower bounds: the replay buffer in host memory; on the device, the hidden-by-hidden weights of φ, ψ1, ψ2 and π
-    with their gradients and Adam's two moments plus ψ's two targets, and one batch of float observations and
-    8 hidden activations per transition."""
-    frame_bytes = math.prod(observation_space.shape) // frame_stack * observation_space.dtype.itemsize
-    trajectories = args.buffer_size // horizon
-    host = {"the replay buffer (--buffer-size)":
-            trajectories * ((horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim))}
-    on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2),
-                 "one batch (--batch-size)": 4 * args.batch_size * (2 * math.prod(observation_space.shape)
-                                                                    + 8 * args.hidden_dim)}
-    if args.buffer_on_device:
-        host, on_device = {}, {**host, **on_device}
-    places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
-    for place, parts in places.items():
-        free = free_memory(device if place == "GPU" else torch.device("cpu"))
-        if sum(parts.values()) > free:
-            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: "
-                  + ", ".join(f"{name} {size / 2**30:,.1f}" for name, size in parts.items())
-                  + f"; {free / 2**30:,.1f} GiB is free")
-
-
-def finite(action, epoch):
-    """The policy's action as a numpy array for the envs, which refuse NaN and inf: if it has one, the networks
-    diverged in the last update (a NaN loss would show at the next), and the run ends with one line."""
-    action = action.cpu().numpy()
-    if not np.isfinite(action).all():
-        error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
-    return action
-
-
-def restore_cuda_rng(states):
-    """Restore a checkpoint's CUDA RNG states on the GPUs this machine sees: a run resumed where fewer GPUs are
-    visible than where it was written sets the ones it has (torch.cuda.set_rng_state_all would raise IndexError)."""
-    for index, state in enumerate(states[: torch.cuda.device_count()]):
-        torch.cuda.set_rng_state(state, index)
-
-
-def in_range(value, interval):
-    """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
-    low, high = (float(end) for end in interval[1:-1].split(","))
-    above = low <= value if interval[0] == "[" else low < value
-    below = value <= high if interval[-1] == "]" else value < high
-    return above and below  # both False for NaN
-
-
-def parse_args(argv=None):
-    """The command line, every unset flag given the paper's value for the env, every value checked (one line on
-    failure). With --resume, the flags the run was started with; a flag given beside it may change only what
-    RESUME_MAY_CHANGE names. Returns the args and the checkpoint (None for a new run)."""
-    args, ckpt = tyro.cli(Args, args=argv), None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume)
-        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
-        for flag, trained in ckpt["args"].items():
-            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
-                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
-    if args.env_id not in envs.ENV_SPECS:
-        error(f"unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
-    spec = envs.ENV_SPECS[args.env_id]
-    for flag, paper_value in (("skill_dim", SKILL_DIMS[args.env_id]), ("total_env_steps", spec.total_env_steps),
-                              ("num_envs", spec.num_envs), ("grad_steps_per_epoch", spec.grad_steps_per_epoch),
-                              ("buffer_size", spec.buffer_size), ("eval_every", spec.eval_every)):
-        if getattr(args, flag) is None:
-            setattr(args, flag, paper_value)
-    if args.checkpoint_every is None:
-        args.checkpoint_every = args.eval_every
-    for flag, interval in FLAG_RANGES.items():
-        if not in_range(getattr(args, flag), interval):
-            error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
-    steps_per_epoch = args.num_envs * spec.horizon
-    if args.buffer_size < steps_per_epoch:
-        error(f"--buffer-size must hold one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} transitions), "
-              f"got {args.buffer_size}")
-    if args.total_env_steps < steps_per_epoch:
-        error(f"--total-env-steps must cover one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} env steps), "
-              f"got {args.total_env_steps}")
-    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps,
-                                                                args.buffer_size // spec.horizon * spec.horizon):
-        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
-              f"got {args.learning_starts}")
-    if ckpt and args.total_env_steps // steps_per_epoch <= ckpt["epoch"]:
-        error(f"{args.resume} has already trained for {ckpt['epoch'] * steps_per_epoch} env steps; "
-              f"give a larger --total-env-steps to continue it")
-    return args, ckpt
-
-
+# ---------------------------------------------------------------- the losses (paper App. A.5; Hansen et al., Eq. 9)
 def sample_skills(n, skill_dim, generator=None):
-    """z ~ Unif(S^{d-1}): a standard normal draw scaled to unit length (spec §1.2)."""
+    """z ~ p(z) = Unif(S^{d-1}): a standard normal draw scaled to unit length, as the official
+    iod/metra.py: METRA._get_train_trajectories_kwargs draws it (unit_length)."""
     z = torch.randn(n, skill_dim, generator=generator)
     return z / z.norm(dim=-1, keepdim=True)
 
 
-# ---------------------------------------------------------------- losses (spec §2.4)
 def vmf_score(phi_s, skill):
-    """ê(s)ᵀz, ê(s) = φ(s)/‖φ(s)‖: log q(z|s) of the vMF discriminator (κ = 1) up to a constant   (VISR Eq. 9)"""
+    """ê(s)ᵀz, ê(s) = φ(s)/‖φ(s)‖: log q(z|s) of the vMF discriminator (κ = 1) up to a constant   (Hansen et al.,
+    Eq. 9; the official --self_normalizing 1)"""
     return (F.normalize(phi_s, dim=-1) * skill).sum(-1)
 
 
 def visr_phi_loss(phi_s, skill):
-    """L(φ) = -E[ê(s)ᵀz] (spec §2.4). phi_s: (B, d) = φ(s) of the current states. Returns the loss and the
-    batch mean of ê(s)ᵀz, which climbs towards 1 as the discriminator learns."""
+    """L(φ) = -E[ê(s)ᵀz], the negative reverse variational lower bound up to constants   (paper App. A.5)
+
+    phi_s: (B, d) = φ(s) of the current states (the official --no_diff_in_rep 1: not φ(s') - φ(s)). No negatives, no
+    λ. Returns the loss and the batch mean of ê(s)ᵀz, which climbs towards 1 as the discriminator learns."""
     score = vmf_score(phi_s, skill)
     return -score.mean(), score.mean()
 
 
-def successor_feature_target(cumulant, next_psi1, next_psi2, skill, gamma):
-    """ψ̂ = c(s) + γ ψ̄_k(s', a', z), k = argmin_k ψ̄_k(s', a', z)ᵀz per sample   (spec §2.1, §2.4)
+def successor_feature_target(cumulant, next_psi, skill, gamma):
+    """ψ̂ = c(s) + γ ψ̄_k(s', a', z), k = argmin_k ψ̄_k(s', a', z)ᵀz per sample   (as CSF's, paper §5.2)
 
-    The cumulant c(s) is φ(s) (official) or ê(s). The whole vector of the target net with the smaller value ψ̄ᵀz
-    (not an elementwise min), no entropy term, never terminal (the 200-step time limit is not an end of the task).
+    The cumulant c(s) is φ(s) (official) or ê(s) (--normalized-cumulant); next_psi: (critics, B, d), every target
+    net's ψ̄(s', a', z). The whole vector of the target net with the smaller value ψ̄ᵀz (not an elementwise min), no
+    entropy term, never terminal (the 200-step time limit is not an end of the task), as the official
+    iod/metra_sf.py: _update_loss_sf_td builds it.
     """
-    next_psi = torch.stack([next_psi1, next_psi2])  # (2, B, d)
     smaller = (next_psi * skill).sum(-1).argmin(0)  # (B,): which target net has the smaller ψ̄ᵀz
     return cumulant + gamma * next_psi[smaller, torch.arange(len(skill), device=skill.device)]
 
 
 def temperature_loss(log_alpha, log_prob, target_entropy):
-    """L(α) = -E[log α (log π(a|s, z) + H̄)]: α grows while the entropy -log π is below H̄ = -|A|/2 (spec §1.7)."""
+    """L(α) = -E[log α (log π(a|s, z) + H̄)]: α grows while the entropy -log π is below H̄ = -|A|/2, the official
+    iod/sac_utils.py's target, half the usual -|A|."""
     return -(log_alpha * (log_prob + target_entropy)).mean()
 
 
-# ---------------------------------------------------------------- networks (spec §1.8)
+# ---------------------------------------------------------------- the losses of one gradient step
+# Each is a function of the networks and the batch alone, so that --compile can compile it (forward and backward);
+# the optimizer steps between them stay eager (main's `update`).
+def phi_objective(phi, obs, skill):
+    """The φ step's loss: the negative vMF score of the current states, and the mean score."""
+    return visr_phi_loss(phi(obs), skill)
+
+
+def psi_objective(psi, psi_target, phi, actor, obs, action, next_obs, skill, args):
+    """L(ψ) = Σ_k E[(ψ_k(s, a, z) - (c(s) + γ ψ̄(s', a', z)))²], a' ~ π(·|s', z), c(s) = φ(s) or ê(s)
+
+    This is where the reward φ(s)ᵀz lives: ψ regresses the vector φ(s), and Q = ψᵀz, so the reward is never computed
+    as a scalar. The twin critics ψ_k share the target, from the twin targets ψ̄_k."""
+    with torch.no_grad():
+        next_action, _ = actor.sample(next_obs, skill)
+        cumulant = phi(obs)  # from the φ just updated
+        if args.normalized_cumulant:  # the discriminator's own score ê(s)ᵀz as the reward
+            cumulant = F.normalize(cumulant, dim=-1)
+        next_psi = torch.stack([net(next_obs, skill, next_action) for net in psi_target])
+        target = successor_feature_target(cumulant, next_psi, skill, args.gamma)
+    return sum(F.mse_loss(net(obs, skill, action), target) for net in psi)
+
+
+def actor_objective(actor, psi, obs, skill, alpha):
+    """L(π) = E[α log π(a|s,z) - min_k ψ_k(s, a, z)ᵀz], a ~ π(·|s, z)   (as CSF's, plus the SAC entropy)"""
+    new_action, log_prob = actor.sample(obs, skill)
+    q = torch.stack([(net(obs, skill, new_action) * skill).sum(-1) for net in psi]).amin(0)
+    return (alpha * log_prob - q).mean(), log_prob
+
+
+# ---------------------------------------------------------------- the networks (official run/train.py)
 def mlp(in_dim, hidden_dim, out_dim, activation, init):
     """Linear → act → Linear → act → Linear, zero biases."""
     net = nn.Sequential(nn.Linear(in_dim, hidden_dim), activation(), nn.Linear(hidden_dim, hidden_dim),
@@ -371,7 +246,8 @@ class Phi(nn.Module):
 
     def __init__(self, observation_space, skill_dim, hidden_dim):
         super().__init__()
-        self.encoder, features = envs.make_encoder(observation_space)  # every network owns its encoder (spec §1.9)
+        # every network owns its encoder, as in the official garagei/torch/modules/with_encoder.py
+        self.encoder, features = envs.make_encoder(observation_space)
         self.net = mlp(features, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_)
 
     def forward(self, obs):
@@ -388,7 +264,6 @@ class SuccessorFeatures(nn.Module):
 
     def forward(self, obs, skill, action):
         return self.net(torch.cat([self.encoder(obs), skill, action], -1))
-
 
 class Actor(nn.Module):
     """π(a | s, z): tanh-squashed Gaussian on a tanh trunk, output layers initialised 10x smaller."""
@@ -423,7 +298,19 @@ class Actor(nn.Module):
         return torch.tanh(self(obs, skill)[0])
 
 
-# ---------------------------------------------------------------- replay buffer (spec §1.4)
+@contextlib.contextmanager
+def frozen(modules):
+    """No gradient into these modules' weights while the block runs; one still flows through them to their inputs."""
+    for module in modules:
+        module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.requires_grad_(True)
+
+
+# ---------------------------------------------------------------- the replay buffer
 def to_device(array, device):
     """A host array as a tensor on `device`; to a GPU through pinned memory, without waiting for the copy."""
     tensor = torch.from_numpy(array)
@@ -437,7 +324,8 @@ def stack_frames(frames):
 
 
 class ReplayBuffer:
-    """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement.
+    """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement, as from the
+    official garagei/replay_buffer/path_buffer_ex.py.
 
     Observations are stored once per time step (s'_t is s_{t+1}), and of a stacked pixel observation only its
     newest frame, as uint8: the stack is rebuilt by index, oldest frame first, the first frame repeated at
@@ -525,39 +413,16 @@ class ReplayBuffer:
             self.generator.set_state(state["generator"])
 
 
-# ---------------------------------------------------------------- evaluation (spec §4.1-4.2)
-def plot_skills(coordinates, skills, title, env_id):
-    """The evaluation trajectories, coloured by the angle of (z_0, z_1) (by the sign of z for d = 1)."""
-    angle = np.arctan2(skills[:, 1], skills[:, 0]) if skills.shape[-1] > 1 else np.pi * (skills[:, 0] > 0)
-    colors = plt.cm.hsv((angle + np.pi) / (2 * np.pi))
-    fig, ax = plt.subplots(figsize=(5, 5))
-    envs.draw_coordinates(ax, coordinates, colors, env_id)
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig
-
-
+# ---------------------------------------------------------------- the training loop
 def main(args, ckpt=None):
+    """VISR epoch by epoch (the official iod/iod.py: IOD.train): evaluate every `eval_every` epochs (epoch 0
+    included); collect `num_envs` trajectories of the env's horizon, one skill z ~ p(z) each; then, once
+    `learning_starts` transitions are stored, take `grad_steps_per_epoch` gradient steps (`update`). `ckpt`: the
+    checkpoint to resume from (parse_args loads it)."""
     spec = envs.ENV_SPECS[args.env_id]
-    run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
-    # a resumed run goes on in its checkpoint's folder, whatever the working directory
-    run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    # Ctrl-C ends the run with one line naming the checkpoint to resume from (atomic writes keep it whole)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    signal.signal(signal.SIGINT, lambda *_: error(f"interrupted; {resume_hint(checkpoint_path)}"))
     steps_per_epoch = args.num_envs * spec.horizon
     num_epochs = args.total_env_steps // steps_per_epoch
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
-    # TensorBoard writes from a thread: a failed write (a full disk) is raised again at the next add_scalar, and
-    # ends the run with one line there; its thread stays quiet
-    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    run_name, run_dir, checkpoint_path, writer = start_run(args, ckpt)  # folder, Ctrl-C, W&B, TensorBoard
 
     # ------------------------------------------------------------ seeding
     random.seed(args.seed)
@@ -571,228 +436,92 @@ def main(args, ckpt=None):
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on the GPUs that have them
 
     # ------------------------------------------------------------ envs
-    # Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
-    # env never resets on its own, so the observation after the last step is the final one (never a reset one).
-    num_video_skills = min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
-    try:  # a pixel world makes its render context at its first frame: the first reset
-        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)],
-                                              autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-        eval_envs = gym.vector.SyncVectorEnv([
-            lambda i=i: envs.make_env(args.env_id, "rgb_array" if i < num_video_skills else None)
-            for i in range(args.num_eval_skills)], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-        train_envs.reset(seed=args.seed)
-        eval_envs.reset(seed=args.seed + 10_000)
-        if args.capture_video:
-            eval_envs.envs[0].render()  # fail now, not at the first evaluation
-    except envs.RenderUnavailable as e:
-        error(e)
+    train_envs, eval_envs = make_envs(args)  # trajectories of exactly the horizon, never reset on their own
     observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
     action_dim = train_envs.single_action_space.shape[0]
     d = args.skill_dim
     check_memory(args, observation_space, action_dim, spec.horizon, spec.frame_stack, device)
 
-    # ------------------------------------------------------------ networks and optimizers
+    # ------------------------------------------------------------ networks, optimizers, replay buffer
     phi = Phi(observation_space, d, args.hidden_dim).to(device)
-    psi1, psi2 = (SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
-    psi1_target, psi2_target = (SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim).to(device)
-                                for _ in range(2))
-    psi1_target.load_state_dict(psi1.state_dict())
-    psi2_target.load_state_dict(psi2.state_dict())
+    psi = [SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim).to(device)
+           for _ in range(2)]  # twin critics, as SAC's
+    psi_target = [SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in psi]
+    for net, target in zip(psi, psi_target):
+        target.load_state_dict(net.state_dict())
     actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
     log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
-    target_entropy = -action_dim / 2  # the official code halves the usual -|A| (spec §1.7)
+    target_entropy = -action_dim / 2  # H̄ = -|A|/2, the official code's (temperature_loss)
     # --compile: fused, one kernel per optimizer step, equal up to rounding. Eager: foreach, the numbers of the
     # per-tensor loop bit for bit in fewer, larger calls (the default on a GPU; on a CPU, faster than the loop)
     adam = {"lr": args.lr, "fused": args.compile, "foreach": not args.compile}
     phi_optimizer = torch.optim.Adam(phi.parameters(), **adam)
-    psi_params, psi_target_params = [*psi1.parameters(), *psi2.parameters()], [*psi1_target.parameters(),
-                                                                              *psi2_target.parameters()]
-    psi_optimizer = torch.optim.Adam(psi_params, **adam)
+    psi_params = [param for net in psi for param in net.parameters()]
+    psi_target_params = [param for net in psi_target for param in net.parameters()]
+    psi_optimizer = torch.optim.Adam(psi_params, **adam)  # one optimizer for the twins, on the sum of their losses
     actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
     alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
     rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng,
                       device if args.buffer_on_device else None)
-    modules = {"phi": phi, "psi1": psi1, "psi2": psi2, "psi1_target": psi1_target, "psi2_target": psi2_target,
-               "actor": actor, "phi_optimizer": phi_optimizer, "psi_optimizer": psi_optimizer,
-               "actor_optimizer": actor_optimizer, "alpha_optimizer": alpha_optimizer}
 
-    def new_window():  # what happened since the last evaluation: the means and speeds the next one reports
-        return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
-
+    modules = {"phi": phi, **{f"psi{k}": net for k, net in enumerate(psi, 1)},  # the checkpoint's keys
+               **{f"psi{k}_target": net for k, net in enumerate(psi_target, 1)}, "actor": actor,
+               "phi_optimizer": phi_optimizer, "psi_optimizer": psi_optimizer, "actor_optimizer": actor_optimizer,
+               "alpha_optimizer": alpha_optimizer}
     start_epoch, grad_steps, wall_time, since_eval = 0, 0, 0.0, new_window()
     if ckpt:
-        try:
-            for name, module in modules.items():
-                module.load_state_dict(ckpt[name])
-                if isinstance(module, torch.optim.Optimizer):  # the Adam --compile asks for now, not the saved one
-                    for group in module.param_groups:
-                        group.update(fused=args.compile, foreach=not args.compile)
-            with torch.no_grad():
-                log_alpha.copy_(ckpt["log_alpha"])
-            rb.load_state_dict(ckpt["buffer"])
-            start_epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
-            torch.set_rng_state(ckpt["torch_rng"])
-            if device.type == "cuda" and ckpt["cuda_rng"] is not None:
-                restore_cuda_rng(ckpt["cuda_rng"])
-            eval_generator.set_state(ckpt["eval_torch_rng"])
-            rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
-            for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
-                env.unwrapped.np_random.bit_generator.state = state
-            window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
-            since_eval = {**window, "stats": [s.to(device) for s in window["stats"]], "start": time.time() - window["start"]}
-        except (KeyError, RuntimeError, ValueError) as e:  # the state of another version of this script
-            error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
-        # evaluations logged after this checkpoint (the run stopped before writing its next one) are done again
-        truncate_log(os.path.join(run_dir, "eval.jsonl"), start_epoch)
-        print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
+        start_epoch, grad_steps, wall_time, since_eval = restore_checkpoint(
+            ckpt, args, run_dir, modules, log_alpha, rb, rng, eval_rng, eval_generator,
+            train_envs.envs + eval_envs.envs, device)
 
-    def save_checkpoint(epoch):
-        state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
-                 "wall_time": wall_time + time.time() - segment_start, "log_alpha": log_alpha.detach().cpu(),
-                 "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(),
-                 "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
-                 "numpy_rng": rng.bit_generator.state,
-                 "eval_numpy_rng": eval_rng.bit_generator.state, "eval_torch_rng": eval_generator.get_state(),
-                 "env_rngs": [e.unwrapped.np_random.bit_generator.state for e in train_envs.envs + eval_envs.envs],
-                 "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
-                 **{name: module.state_dict() for name, module in modules.items()}}
-        diverged = non_finite({name: state[name] for name in modules})
-        if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite: never saved as good
-            error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
-                  f"{resume_hint(checkpoint_path)}")
-        # atomic: a crash, a kill or a full disk mid-write leaves the previous checkpoint intact
-        write_atomically(checkpoint_path, lambda temporary: torch.save(state, temporary), resume_hint(checkpoint_path))
-
-    @torch.no_grad()
-    @record_function("evaluation")
-    def evaluate(epoch, epoch_stats):
-        """Deterministic rollouts with fresh skills → coverage, skill plot, mean ê(s)ᵀz, one line of eval.jsonl."""
-        skills = sample_skills(args.num_eval_skills, d, eval_generator)
-        coordinates, frames = [], []
-
-        def record(info):  # the state after reset and after every step
-            coordinates.append(info["coordinates"])
-            if num_video_skills:
-                frames.append(np.concatenate([eval_envs.envs[i].render() for i in range(num_video_skills)], 1))
-
-        obs, info = eval_envs.reset()
-        skills_on_device = skills.to(device)
-        record(info)
-        for _ in range(spec.horizon):
-            action = actor.mode(torch.as_tensor(obs, device=device), skills_on_device)
-            obs, _, _, _, info = eval_envs.step(finite(action, epoch))
-            record(info)
-        coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
-        env_steps = epoch * steps_per_epoch
-        result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
-                  "wall_time": round(wall_time + time.time() - segment_start, 2),
-                  "coverage": envs.coverage(coordinates, args.env_id)}
-        if rb.size > 0:  # mean ê(s)ᵀz over replay transitions (0 untrained, 1 perfect), in chunks that fit in memory
-            n = min(NUM_DIAGNOSTIC_SAMPLES, rb.size)
-            batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))  # one at a time
-            result["score"] = torch.cat([vmf_score(phi(b["obs"]), b["skill"]) for b in batches]).mean().item()
-        result.update(epoch_stats)
-        result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-        # every file whole or not at all: a full disk or a read-only folder ends the run with one line
-        hint = resume_hint(checkpoint_path)
-        fig = plot_skills(coordinates, skills.numpy(),
-                          f"VISR {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}", args.env_id)
-        write_atomically(os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
-                         lambda temporary: fig.savefig(temporary, dpi=100), hint)
-        plt.close(fig)
-        if frames:
-            import imageio
-
-            os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
-            write_atomically(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"),
-                             lambda temporary: imageio.mimsave(temporary, frames, fps=20), hint)
-        for key in ("coverage", "score"):
-            if key in result:
-                writer.add_scalar(f"eval/{key}", result[key], env_steps)
-        log_path = os.path.join(run_dir, "eval.jsonl")
-        logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
-        write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text(
-            logged + json.dumps(result) + "\n"), hint)
-        print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | " + " | ".join(
-            f"{k} {result[k]:.4g}" for k in ("score", *epoch_stats) if k in result), flush=True)
-
-    # ------------------------------------------------------------ one gradient step (spec §2.4, §7)
-    # Each loss is a function of the batch alone, so that --compile can compile it (forward and backward);
-    # the optimizer steps between them stay eager.
-    def phi_objective(obs, skill):
-        """The φ step's loss: the negative vMF score of the current states, and the mean score."""
-        return visr_phi_loss(phi(obs), skill)
-
-    def psi_objective(obs, action, next_obs, skill):
-        """L(ψ) = E[(ψ(s, a, z) - (c(s) + γ ψ̄(s', a', z)))²], a' ~ π(·|s', z), c(s) = φ(s) or ê(s)   (spec §2.4)"""
-        with torch.no_grad():
-            next_action, _ = actor.sample(next_obs, skill)
-            cumulant = phi(obs)  # from the φ just updated
-            if args.normalized_cumulant:
-                cumulant = F.normalize(cumulant, dim=-1)
-            target = successor_feature_target(cumulant, psi1_target(next_obs, skill, next_action),
-                                              psi2_target(next_obs, skill, next_action), skill, args.gamma)
-        return F.mse_loss(psi1(obs, skill, action), target) + F.mse_loss(psi2(obs, skill, action), target)
-
-    def actor_objective(obs, skill, alpha):
-        """L(π) = E[α log π(a|s,z) - min_k ψ_k(s, a, z)ᵀz], a ~ π(·|s, z)   (as CSF's, spec §2.4)"""
-        new_action, log_prob = actor.sample(obs, skill)
-        q = torch.min((psi1(obs, skill, new_action) * skill).sum(-1), (psi2(obs, skill, new_action) * skill).sum(-1))
-        return (alpha * log_prob - q).mean(), log_prob
-
-    if args.compile:
-        # on a CPU, eager's random draws, so that only the float rounding differs (the equality test); on a GPU,
-        # inductor's own, fused into the kernels (the fallback is its slow debugging mode)
-        torch._inductor.config.fallback_random = device.type == "cpu"
-        phi_objective, psi_objective, actor_objective = map(torch.compile, (phi_objective, psi_objective,
-                                                                           actor_objective))
+    # ------------------------------------------------------------ one gradient step
+    phi_loss_of, psi_loss_of, actor_loss_of = compiled(args.compile, device, phi_objective, psi_objective,
+                                                       actor_objective)  # themselves, without --compile
 
     def update(batch):
+        """One gradient step on one minibatch, in the official iod/metra_sf.py's order: φ on the vMF discriminator;
+        ψ on its TD target from the φ just updated, then the Polyak step of ψ̄; π on min_k ψ_kᵀz + α H(π); α towards
+        the entropy -|A|/2. Returns the step's stats by name, left on the device: nothing in a step waits for the
+        host."""
         obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
         with record_function("phi step"):  # on the vMF discriminator
-            phi_loss, score = phi_objective(obs, skill)
+            phi_loss, score = phi_loss_of(phi, obs, skill)
             phi_optimizer.zero_grad()
             phi_loss.backward()
             phi_optimizer.step()
         with record_function("psi step"):  # then the target networks: ψ̄ ← (1 - τ) ψ̄ + τ ψ, every tensor in one call
-            psi_loss = psi_objective(obs, action, next_obs, skill)
+            psi_loss = psi_loss_of(psi, psi_target, phi, actor, obs, action, next_obs, skill, args)
             psi_optimizer.zero_grad()
             psi_loss.backward()
             psi_optimizer.step()
             with torch.no_grad():
                 torch._foreach_lerp_(psi_target_params, psi_params, args.tau)
-        with record_function("actor step"):  # the gradient flows through ψ to the action, none into ψ's weights
+        with record_function("actor step"), frozen(psi):  # the gradient flows through ψ to the action, not into ψ
             alpha = log_alpha.exp().detach()
-            psi1.requires_grad_(False), psi2.requires_grad_(False)
-            actor_loss, log_prob = actor_objective(obs, skill, alpha)
+            actor_loss, log_prob = actor_loss_of(actor, psi, obs, skill, alpha)
             actor_optimizer.zero_grad()
             actor_loss.backward()
             actor_optimizer.step()
-            psi1.requires_grad_(True), psi2.requires_grad_(True)
         with record_function("alpha step"):  # towards the target entropy
             alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
             alpha_optimizer.zero_grad()
             alpha_loss.backward()
             alpha_optimizer.step()
-        return torch.stack([phi_loss, psi_loss, actor_loss, alpha_loss, score, alpha]).detach()
+        return {"phi_loss": phi_loss.detach(), "psi_loss": psi_loss.detach(), "actor_loss": actor_loss.detach(),
+                "alpha_loss": alpha_loss.detach(), "batch_score": score.detach(), "alpha": alpha}
 
-    stat_names = ("phi_loss", "psi_loss", "actor_loss", "alpha_loss", "batch_score", "alpha")
-
-    # ------------------------------------------------------------ main loop
+    # ------------------------------------------------------------ the loop: evaluate, collect, update
     segment_start = time.time()
     for epoch in range(start_epoch, num_epochs + 1):
         # evaluate and checkpoint at the start of the epoch: what the previous `epoch` epochs produced
         if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
-            stats = dict(zip(stat_names, torch.stack(since_eval["stats"]).mean(0).tolist())) if since_eval["stats"] else {}
-            elapsed = time.time() - since_eval["start"]
-            if since_eval["env_steps"]:
-                stats["sps"] = since_eval["env_steps"] / elapsed
-            if since_eval["grad_steps"]:
-                stats["ms_per_grad_step"] = 1000 * since_eval["train_time"] / since_eval["grad_steps"]
-            evaluate(epoch, stats)
+            evaluate(epoch, grad_steps, wall_time + time.time() - segment_start, window_stats(since_eval), args,
+                     actor, phi, rb, eval_envs, eval_rng, eval_generator, device, run_dir, writer)
             since_eval = new_window()
         if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
-            save_checkpoint(epoch)
+            save_checkpoint(checkpoint_path, args, run_name, epoch, grad_steps, wall_time + time.time() - segment_start,
+                            since_eval, modules, log_alpha, rb, rng, eval_rng, eval_generator,
+                            train_envs.envs + eval_envs.envs, device)
         if epoch == num_epochs:
             break
 
@@ -812,41 +541,82 @@ def main(args, ckpt=None):
         since_eval["env_steps"] += steps_per_epoch
         env_steps = (epoch + 1) * steps_per_epoch
 
-        # train
+        # update: gradient steps, each on its own minibatch
         if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
-            train_start = time.time()
-            losses = []
+            train_start, step_stats = time.time(), []
             for _ in range(args.grad_steps_per_epoch):
                 with record_function("sampling"):
                     batch = rb.sample(args.batch_size, device)
-                losses.append(update(batch))
-            losses = torch.stack(losses)
-            bad = ~torch.isfinite(losses[:, :4])
-            if bad.any():
-                step, which = bad.nonzero()[0].tolist()
-                error(f"{stat_names[which]} is {losses[step, which].item()} at gradient step {grad_steps + step + 1} "
-                      f"(epoch {epoch}); {resume_hint(checkpoint_path)}")
+                step_stats.append(update(batch))
+            names, per_step = stack_stats(step_stats)  # (steps, stats)
+            stop_at_a_non_finite_loss(names, per_step, grad_steps, epoch, resume_hint(checkpoint_path))
             grad_steps += args.grad_steps_per_epoch
-            since_eval["train_time"] += time.time() - train_start
-            since_eval["grad_steps"] += args.grad_steps_per_epoch
-            since_eval["stats"].append(losses.mean(0))
-            for name, value in zip(stat_names, losses.mean(0).tolist()):
-                writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
-        sps = int((epoch + 1 - start_epoch) * steps_per_epoch / (time.time() - segment_start))
-        writer.add_scalar("charts/SPS", sps, env_steps)
-        writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
-        if (epoch + 1) % 10 == 0:
-            last = dict(zip(stat_names, since_eval["stats"][-1].tolist())) if since_eval["stats"] else {}
-            print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | "
-                  + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
+            record_epoch(since_eval, dict(zip(names, per_step.mean(0))), args.grad_steps_per_epoch,
+                         time.time() - train_start, writer, env_steps)
+        log_epoch(writer, epoch, env_steps, grad_steps, (epoch + 1 - start_epoch) * steps_per_epoch,
+                  time.time() - segment_start, since_eval)
 
-    train_envs.close()
-    eval_envs.close()
-    writer.close()
-    if args.track:
-        wandb.finish()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as before the run
-    print(f"done: {run_dir}")
+    finish_run(args, run_dir, writer, train_envs, eval_envs)
+
+
+# ======================================================================================================================
+# INFRASTRUCTURE: what main calls around the algorithm (the command line, start-up, checkpoints, evaluation, logging)
+# ======================================================================================================================
+
+# ---------------------------------------------------------------- the command line
+def parse_args(argv=None):
+    """The command line, every unset flag given the paper's value for the env, every value checked (one line on
+    failure). With --resume, the flags the run was started with; a flag given beside it may change only what
+    RESUME_MAY_CHANGE names. Returns the args and the checkpoint (None for a new run)."""
+    args, ckpt = tyro.cli(Args, args=argv), None
+    if args.resume:
+        ckpt = load_checkpoint(args.resume)
+        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
+        for flag, trained in ckpt["args"].items():
+            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
+                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
+    if args.env_id not in envs.ENV_SPECS:
+        error(f"unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
+    spec = envs.ENV_SPECS[args.env_id]
+    for flag, paper_value in env_defaults(args.env_id).items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, paper_value)
+    if args.checkpoint_every is None:
+        args.checkpoint_every = args.eval_every
+    for flag, interval in FLAG_RANGES.items():
+        if not in_range(getattr(args, flag), interval):
+            error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
+    steps_per_epoch = args.num_envs * spec.horizon
+    if args.buffer_size < steps_per_epoch:
+        error(f"--buffer-size must hold one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} transitions), "
+              f"got {args.buffer_size}")
+    if args.total_env_steps < steps_per_epoch:
+        error(f"--total-env-steps must cover one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} env steps), "
+              f"got {args.total_env_steps}")
+    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps,
+                                                                args.buffer_size // spec.horizon * spec.horizon):
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
+              f"got {args.learning_starts}")
+    if ckpt and args.total_env_steps // steps_per_epoch <= ckpt["epoch"]:
+        error(f"{args.resume} has already trained for {ckpt['epoch'] * steps_per_epoch} env steps; "
+              f"give a larger --total-env-steps to continue it")
+    return args, ckpt
+
+
+def env_defaults(env_id):
+    """The paper's value of each flag whose default depends on the env (--checkpoint-every follows --eval-every)."""
+    spec = envs.ENV_SPECS[env_id]
+    return {"skill_dim": SKILL_DIMS[env_id], "total_env_steps": spec.total_env_steps, "num_envs": spec.num_envs,
+            "grad_steps_per_epoch": spec.grad_steps_per_epoch, "buffer_size": spec.buffer_size,
+            "eval_every": spec.eval_every}
+
+
+def in_range(value, interval):
+    """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
+    low, high = (float(end) for end in interval[1:-1].split(","))
+    above = low <= value if interval[0] == "[" else low < value
+    below = value <= high if interval[-1] == "]" else value < high
+    return above and below  # both False for NaN
 
 
 def load_checkpoint(path):
@@ -864,6 +634,400 @@ def load_checkpoint(path):
     if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
         error(f"{path} was written by another version of {AGENT}.py")
     return ckpt
+
+
+# ---------------------------------------------------------------- start-up
+def start_run(args, ckpt):
+    """The run's folder (a resumed run goes on in its checkpoint's, whatever the working directory), Ctrl-C as one
+    line naming the checkpoint to resume from, W&B with --track, TensorBoard, and one line with the values of the
+    flags that depend on the env. Returns the run's name, folder, checkpoint path and TensorBoard writer."""
+    run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    signal.signal(signal.SIGINT, lambda *_: error(f"interrupted; {resume_hint(checkpoint_path)}"))  # writes are atomic
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
+    # TensorBoard writes from a thread: a failed write (a full disk) is raised again at the next add_scalar, and
+    # ends the run with one line there; its thread stays quiet
+    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters",
+                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    spec = envs.ENV_SPECS[args.env_id]
+    print(f"{args.env_id} (horizon {spec.horizon}): "
+          + ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}"
+                      for flag in (*env_defaults(args.env_id), "checkpoint_every"))
+          + (" (the run's own)" if ckpt else " (a flag not given takes the paper's value for the env)"), flush=True)
+    return run_name, run_dir, checkpoint_path, writer
+
+
+def num_video_skills(args):
+    """How many evaluation rollouts the --capture-video video shows side by side (0 without it)."""
+    return min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
+
+
+def make_envs(args):
+    """The training envs (one trajectory each per epoch) and the evaluation envs (one rollout each), seeded.
+
+    Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
+    env never resets on its own, so the observation after the last step is the final one (never a reset one). A
+    pixel world that cannot render ends the run with one line."""
+    videos = num_video_skills(args)
+    try:  # a pixel world makes its render context at its first frame: the first reset
+        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)],
+                                              autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        eval_envs = gym.vector.SyncVectorEnv([
+            lambda i=i: envs.make_env(args.env_id, "rgb_array" if i < videos else None)
+            for i in range(args.num_eval_skills)], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        train_envs.reset(seed=args.seed)
+        eval_envs.reset(seed=args.seed + 10_000)
+        if args.capture_video:
+            eval_envs.envs[0].render()  # fail now, not at the first evaluation
+    except envs.RenderUnavailable as e:
+        error(e)
+    return train_envs, eval_envs
+
+
+def free_memory(device):
+    """Bytes of memory free now: the GPU's, or the host's (MemAvailable); inf where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return math.inf
+
+
+def check_memory(args, observation_space, action_dim, horizon, frame_stack, device):
+    """Refuse, before anything is allocated, a run that cannot fit in the memory free now, with what it needs.
+    Lower bounds: the replay buffer in host memory (with --buffer-on-device, on the device); on the device, the
+    hidden-by-hidden weights of φ, ψ1, ψ2 and π with their gradients and Adam's two moments plus ψ's two targets,
+    and one batch of float observations and 8 hidden activations per transition."""
+    frame_bytes = math.prod(observation_space.shape) // frame_stack * observation_space.dtype.itemsize
+    trajectories = args.buffer_size // horizon
+    host = {"the replay buffer (--buffer-size)":
+            trajectories * ((horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim))}
+    on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2),
+                 "one batch (--batch-size)": 4 * args.batch_size * (2 * math.prod(observation_space.shape)
+                                                                    + 8 * args.hidden_dim)}
+    if args.buffer_on_device:
+        host, on_device = {}, {**host, **on_device}
+    places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
+    for place, parts in places.items():
+        free = free_memory(device if place == "GPU" else torch.device("cpu"))
+        if sum(parts.values()) > free:
+            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: "
+                  + ", ".join(f"{name} {size / 2**30:,.1f}" for name, size in parts.items())
+                  + f"; {free / 2**30:,.1f} GiB is free")
+
+
+def compiled(enabled, device, *functions):
+    """With --compile, the functions torch.compiled (forward and backward); without, the functions themselves. On a
+    CPU, eager's random draws, so that only the float rounding differs (the equality test); on a GPU, inductor's
+    own, fused into the kernels (the fallback is its slow debugging mode)."""
+    if not enabled:
+        return functions
+    torch._inductor.config.fallback_random = device.type == "cpu"
+    return tuple(map(torch.compile, functions))
+
+
+# ---------------------------------------------------------------- checkpoints
+def restore_checkpoint(ckpt, args, run_dir, modules, log_alpha, rb, rng, eval_rng, eval_generator, env_list, device):
+    """Put a checkpoint's state back: every network and optimizer (with the Adam --compile asks for now, not the
+    saved one), log α, the replay buffer, every RNG stream and the envs'. Drops the evaluations logged after it
+    (the run redoes them). Returns (epoch, gradient steps, wall time, the window since the last evaluation).
+    The state of another version of this script ends the run with one line."""
+    try:
+        for name, module in modules.items():
+            module.load_state_dict(ckpt[name])
+            if isinstance(module, torch.optim.Optimizer):
+                for group in module.param_groups:
+                    group.update(fused=args.compile, foreach=not args.compile)
+        with torch.no_grad():
+            log_alpha.copy_(ckpt["log_alpha"])
+        rb.load_state_dict(ckpt["buffer"])
+        epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
+        torch.set_rng_state(ckpt["torch_rng"])
+        if device.type == "cuda" and ckpt["cuda_rng"] is not None:
+            restore_cuda_rng(ckpt["cuda_rng"])
+        eval_generator.set_state(ckpt["eval_torch_rng"])
+        rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
+        for env, state in zip(env_list, ckpt["env_rngs"]):
+            env.unwrapped.np_random.bit_generator.state = state
+        window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
+        stats = window["stats"]
+        if stats and torch.is_tensor(stats[0]):  # written before the stats had names: vectors in update's order
+            stats = [dict(zip(("phi_loss", "psi_loss", "actor_loss", "alpha_loss", "batch_score", "alpha"), means))
+                     for means in stats]
+        since_eval = {**window, "stats": [{name: value.to(device) for name, value in means.items()} for means in stats],
+                      "start": time.time() - window["start"]}
+    except (KeyError, RuntimeError, ValueError) as e:  # the state of another version of this script
+        error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
+    # evaluations logged after this checkpoint (the run stopped before writing its next one) are done again
+    truncate_log(os.path.join(run_dir, "eval.jsonl"), epoch)
+    steps_per_epoch = args.num_envs * envs.ENV_SPECS[args.env_id].horizon
+    print(f"resumed {ckpt['run_name']} at epoch {epoch} ({epoch * steps_per_epoch:,} env steps)")
+    return epoch, grad_steps, wall_time, since_eval
+
+
+def restore_cuda_rng(states):
+    """Restore a checkpoint's CUDA RNG states on the GPUs this machine sees: a run resumed where fewer GPUs are
+    visible than where it was written sets the ones it has (torch.cuda.set_rng_state_all would raise IndexError)."""
+    for index, state in enumerate(states[: torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(state, index)
+
+
+def truncate_log(log_path, last_epoch):
+    """Keep the evaluations of eval.jsonl up to `last_epoch` (a resumed run does the later ones again), rewritten
+    atomically. Blank lines and a torn last line (a crash while it was written) are dropped, the latter with a
+    warning; any other line that is not an evaluation ends the run with one line."""
+    if not os.path.isfile(log_path):
+        return
+    with open(log_path) as f:
+        lines = [line.rstrip("\n") for line in f if line.strip()]
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            epoch = json.loads(line)["epoch"]
+        except (ValueError, KeyError, TypeError):
+            if number < len(lines):
+                error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
+            print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
+            continue
+        if epoch <= last_epoch:
+            kept.append(line + "\n")
+    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text("".join(kept)),
+                     resume_hint(os.path.join(os.path.dirname(log_path), "checkpoint.pt")))
+
+
+def save_checkpoint(path, args, run_name, epoch, grad_steps, wall_time, since_eval, modules, log_alpha, rb, rng,
+                    eval_rng, eval_generator, env_list, device):
+    """Write everything a resumed run needs to go on exactly as this one would, atomically: a crash, a kill or a full
+    disk mid-write leaves the previous checkpoint intact. A network or optimizer holding NaN or inf is never saved as
+    good: the run ends with one line instead."""
+    state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
+             "wall_time": wall_time, "log_alpha": log_alpha.detach().cpu(), "buffer": rb.state_dict(),
+             "torch_rng": torch.get_rng_state(),
+             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+             "numpy_rng": rng.bit_generator.state, "eval_numpy_rng": eval_rng.bit_generator.state,
+             "eval_torch_rng": eval_generator.get_state(),
+             "env_rngs": [env.unwrapped.np_random.bit_generator.state for env in env_list],
+             "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
+             **{name: module.state_dict() for name, module in modules.items()}}
+    diverged = non_finite({name: state[name] for name in modules})
+    if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite
+        error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
+              f"{resume_hint(path)}")
+    write_atomically(path, lambda temporary: torch.save(state, temporary), resume_hint(path))
+
+
+def non_finite(state, prefix=""):
+    """The names of the float tensors holding NaN or inf in a (nested) state dict, such as
+    "actor_optimizer.state.0.exp_avg_sq"."""
+    if torch.is_tensor(state):
+        return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
+    if isinstance(state, dict):
+        return [name for key, value in state.items() for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
+    if isinstance(state, (list, tuple)):
+        return [name for i, value in enumerate(state) for name in non_finite(value, f"{prefix}.{i}")]
+    return []
+
+
+# ---------------------------------------------------------------- evaluation (official iod/metra.py: _evaluate_policy)
+@torch.no_grad()
+@record_function("evaluation")
+def evaluate(epoch, grad_steps, wall_time, stats, args, actor, phi, rb, eval_envs, eval_rng, eval_generator, device,
+             run_dir, writer):
+    """Deterministic rollouts with fresh skills → coverage, skill plot, mean ê(s)ᵀz, one line of eval.jsonl with `stats`
+    (the means since the previous evaluation); with --capture-video, a video of the first few rollouts."""
+    spec = envs.ENV_SPECS[args.env_id]
+    skills = sample_skills(args.num_eval_skills, args.skill_dim, eval_generator)
+    coordinates, frames, videos = [], [], num_video_skills(args)
+
+    def record(info):  # the state after reset and after every step
+        coordinates.append(info["coordinates"])
+        if videos:
+            frames.append(np.concatenate([eval_envs.envs[i].render() for i in range(videos)], 1))
+
+    obs, info = eval_envs.reset()
+    skills_on_device = skills.to(device)
+    record(info)
+    for _ in range(spec.horizon):
+        action = actor.mode(torch.as_tensor(obs, device=device), skills_on_device)
+        obs, _, _, _, info = eval_envs.step(finite(action, epoch))
+        record(info)
+    paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
+    env_steps = epoch * args.num_envs * spec.horizon
+    result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps, "wall_time": round(wall_time, 2),
+              "coverage": envs.coverage(paths, args.env_id)}
+    if rb.size > 0:  # mean ê(s)ᵀz over replay transitions (0 untrained, 1 perfect), in chunks that fit in memory
+        n = min(NUM_DIAGNOSTIC_SAMPLES, rb.size)
+        batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))  # one at a time
+        result["score"] = torch.cat([vmf_score(phi(b["obs"]), b["skill"]) for b in batches]).mean().item()
+    result.update(stats)
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    # every file whole or not at all: a full disk or a read-only folder ends the run with one line
+    hint = resume_hint(os.path.join(run_dir, "checkpoint.pt"))
+    fig = plot_skills(paths, skills.numpy(),
+                      f"VISR {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}", args.env_id)
+    write_atomically(os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
+                     lambda temporary: fig.savefig(temporary, dpi=100), hint)
+    plt.close(fig)
+    if frames:
+        import imageio
+
+        os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
+        write_atomically(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"),
+                         lambda temporary: imageio.mimsave(temporary, frames, fps=20), hint)
+    for key in ("coverage", "score"):
+        if key in result:
+            writer.add_scalar(f"eval/{key}", result[key], env_steps)
+    log_path = os.path.join(run_dir, "eval.jsonl")
+    logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
+    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text(
+        logged + json.dumps(result) + "\n"), hint)
+    print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | " + " | ".join(
+        f"{k} {result[k]:.4g}" for k in ("score", *stats) if k in result), flush=True)
+
+
+def plot_skills(coordinates, skills, title, env_id):
+    """The evaluation trajectories, coloured by the angle of (z_0, z_1) (by the sign of z for d = 1)."""
+    angle = np.arctan2(skills[:, 1], skills[:, 0]) if skills.shape[-1] > 1 else np.pi * (skills[:, 0] > 0)
+    colors = plt.cm.hsv((angle + np.pi) / (2 * np.pi))
+    fig, ax = plt.subplots(figsize=(5, 5))
+    envs.draw_coordinates(ax, coordinates, colors, env_id)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- stats, logging and the end of a run
+def new_window():
+    """What happened since the last evaluation: the means and speeds the next one reports. `stats` holds one dict of
+    named means per epoch that trained."""
+    return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
+
+
+def stack_stats(stats):
+    """A list of dicts of named 0-dim tensors (one per gradient step, or per epoch) → the names, and the values as one
+    (len(stats), names) tensor, whose mean(0) is each stat's mean."""
+    names = list(stats[0])
+    return names, torch.stack([torch.stack([entry[name] for name in names]) for entry in stats])
+
+
+def window_stats(window):
+    """What the next evaluation reports of the window since the previous one: each stat's mean over the epochs that
+    trained, the env steps per second and the milliseconds per gradient step."""
+    stats = {}
+    if window["stats"]:
+        names, per_epoch = stack_stats(window["stats"])
+        stats = dict(zip(names, per_epoch.mean(0).tolist()))
+    elapsed = time.time() - window["start"]
+    if window["env_steps"]:
+        stats["sps"] = window["env_steps"] / elapsed
+    if window["grad_steps"]:
+        stats["ms_per_grad_step"] = 1000 * window["train_time"] / window["grad_steps"]
+    return stats
+
+
+def stop_at_a_non_finite_loss(names, per_step, grad_steps, epoch, hint):
+    """End the run with one line naming the first loss (a stat named *_loss) that is NaN or inf in this epoch's
+    steps, and its gradient step. per_step: (steps, names); grad_steps: the steps taken before this epoch's."""
+    losses = [i for i, name in enumerate(names) if name.endswith("_loss")]
+    bad = ~torch.isfinite(torch.stack([per_step[:, i] for i in losses], 1))  # (steps, losses)
+    if bad.any():
+        step, which = bad.nonzero()[0].tolist()
+        loss = losses[which]
+        error(f"{names[loss]} is {per_step[step, loss].item()} at gradient step {grad_steps + step + 1} "
+              f"(epoch {epoch}); {hint}")
+
+
+def finite(action, epoch):
+    """The policy's action as a numpy array for the envs, which refuse NaN and inf: if it has one, the networks
+    diverged in the last update (a NaN loss would show at the next), and the run ends with one line."""
+    action = action.cpu().numpy()
+    if not np.isfinite(action).all():
+        error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
+    return action
+
+
+def record_epoch(window, stats, steps, train_time, writer, env_steps):
+    """Add an epoch's `steps` gradient steps to the window (`stats`: each stat's mean over them) and to TensorBoard."""
+    window["stats"].append(stats)
+    window["grad_steps"] += steps
+    window["train_time"] += train_time
+    for name, value in floats(stats).items():
+        writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
+
+
+def log_epoch(writer, epoch, env_steps, grad_steps, steps_this_segment, seconds_this_segment, window):
+    """TensorBoard's speed and gradient steps after each epoch; every 10 epochs, one line with the last stats."""
+    sps = int(steps_this_segment / seconds_this_segment)
+    writer.add_scalar("charts/SPS", sps, env_steps)
+    writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
+    if (epoch + 1) % 10 == 0:
+        last = floats(window["stats"][-1]) if window["stats"] else {}
+        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | "
+              + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
+
+
+def floats(stats):
+    """Named 0-dim tensors as Python floats, read from the device at once."""
+    names, values = stack_stats([stats])
+    return dict(zip(names, values[0].tolist()))
+
+
+def finish_run(args, run_dir, writer, *vector_envs):
+    """Close the envs and the logs; Ctrl-C as before the run."""
+    for vector_env in vector_envs:
+        vector_env.close()
+    writer.close()
+    if args.track:
+        import wandb
+
+        wandb.finish()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    print(f"done: {run_dir}")
+
+
+# ---------------------------------------------------------------- failures and files
+def error(message):
+    """End the run with one line on stderr, no traceback."""
+    sys.exit(f"visr.py: error: {message}")
+
+
+def resume_hint(checkpoint_path):
+    """What a stopped run can be resumed from."""
+    if os.path.isfile(checkpoint_path):
+        return f"resume with --resume {checkpoint_path}"
+    return "no checkpoint was written yet"
+
+
+def write_atomically(path, write, hint):
+    """Write `path` by `write(temporary path)`, then rename it into place: a write that fails (a full disk, a
+    read-only folder) leaves the earlier file whole and no temporary behind, and ends the run with one line."""
+    root, extension = os.path.splitext(path)
+    temporary = f"{root}.tmp{extension}"  # the extension tells savefig and imageio the format
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except BaseException as e:  # a failed write, or Ctrl-C or an error mid-write: no temporary left behind
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a failed write as a RuntimeError
+            raise
+        if isinstance(e, OSError):
+            reason = e.strerror or str(e)
+        elif "unexpected pos" in str(e) or "write failed" in str(e):
+            reason = "the write was cut short: is the disk full?"
+        else:
+            reason = " ".join(str(e).split())[:120]
+        error(f"cannot write {path} ({reason}); {hint}")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def test_successor_feature_target_adds_the_cumulant_to_the_argmin_vector():
     next_psi1 = torch.tensor([[2.0, 9.0], [0.0, 1.0]])  # values ψ̄ᵀz: 2 and 1
     next_psi2 = torch.tensor([[1.0, -9.0], [5.0, 3.0]])  # values ψ̄ᵀz: 1 and 3
     cumulant = torch.tensor([[3.0, 4.0], [0.5, 0.5]])  # φ(s), unnormalized
-    target = visr.successor_feature_target(cumulant, next_psi1, next_psi2, skill, gamma=0.5)
+    target = visr.successor_feature_target(cumulant, torch.stack([next_psi1, next_psi2]), skill, gamma=0.5)
     # sample 1 takes ψ̄2's whole vector, sample 2 ψ̄1's
     assert torch.allclose(target, torch.tensor([[3.0 + 0.5, 4.0 - 4.5], [0.5 + 0.0, 0.5 + 0.5]]))
 
