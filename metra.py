@@ -1,55 +1,48 @@
-"""METRA (Park et al., ICLR 2024), the baseline of "Can a MISL Fly?" (Zheng et al., ICLR 2025), in one file.
+"""METRA (Park, Rybkin and Levine, ICLR 2024) in one file: the prior method that "Can a MISL Fly? Analysis and
+Ingredients for Mutual Information Skill Learning" (Zheng, Tuyls, Peng and Eysenbach, ICLR 2025) analyses (§3, §4).
+
+A skill z ~ p(z) = Unif(S^{d-1}) (one-hot among K on HalfCheetah and Kitchen) is held for a whole trajectory of the
+policy π(a | s, z). METRA learns a representation φ(s) ∈ R^d whose one-step moves Δφ = φ(s') - φ(s) point along z,
+under a temporal-distance constraint ‖Δφ‖² ≤ 1 that one dual variable λ ≥ 0 enforces for all transitions at once
+(paper Eq. 5, with METRA's slack ε):
+    max_φ min_λ  E[Δφᵀz] + λ E[min(1 - ‖Δφ‖², ε)],
+so the constraint holds only in expectation (Eq. 7; Prop. 1: at the optimum E‖Δφ‖² = 1), and it is the quadratic
+approximation of the negative term of the contrastive lower bound (Eq. 8; Prop. 2: log E_z'[exp Δφᵀz'] ≈ ‖Δφ‖²/(2d)).
+π is SAC on the intrinsic reward r(s, s', z) = Δφᵀz (Eq. 6), with twin critics Q_k(s, a, z) and an entropy temperature
+α tuned automatically. --save-repr-stats and benchmarks/metra_repr_stats.py check both claims (§6.1, §6.2).
 
     python metra.py --env-id Ant                            # the paper's settings: z on the unit circle (d = 2)
     python metra.py --env-id HalfCheetah                    # the paper's settings: one-hot z, K = 16
     python metra.py --env-id Ant --repr-loss contrastive    # METRA-C, the paper's first ablation (§6.3)
     python metra.py --env-id Ant --hidden-dim 256           # what a CPU can train in an hour
 
-METRA learns a representation φ: S → R^d whose one-step moves φ(s') - φ(s) point along the skill z, under a
-temporal-distance constraint ‖φ(s') - φ(s)‖² ≤ 1, and trains a skill-conditioned SAC policy on the intrinsic
-reward r = (φ(s') - φ(s))ᵀz (paper Eq. 6). The constraint has one dual variable λ for all transitions, so it
-holds only in expectation over the replay buffer (paper Eq. 5, 7 and Prop. 1: at the optimum E‖Δφ‖² = 1), and
-it is the quadratic approximation of the negative term of a contrastive lower bound (Prop. 2):
-log E_z[exp(Δφᵀz)] ≈ ‖Δφ‖²/(2d). --save-repr-stats and benchmarks/metra_repr_stats.py check both claims.
-
-The epoch is csf.py's (spec §1.1): evaluate every `eval_every` epochs (epoch 0 included), collect `num_envs`
-trajectories with one skill each, then, once `learning_starts` transitions are stored, take
-`grad_steps_per_epoch` gradient steps. Each gradient step, on its own minibatch (spec §1.5, §2.2):
-  1. φ step: maximize E[Δφᵀz] + λ E[min(1 - ‖Δφ‖², ε)], Δφ = φ(s') - φ(s), ε = 1e-3, λ = exp(log λ) detached
-     (paper Eq. 5 with METRA's slack ε). METRA-C (--repr-loss contrastive) maximizes instead CSF's contrastive
-     lower bound E[Δφᵀz] - ξ E[log Σ_j exp(Δφᵀz'_j)], ξ = 5, 256 fresh z'_j ~ Unif(S^{d-1}) (paper Eq. 8, 10).
-  2. λ step (dual descent, METRA only): minimize log λ · E[c], c = min(1 - ‖Δφ‖², ε) detached, so log λ falls
-     while the constraint holds (c > 0) and rises while it is violated; λ starts at 30, Adam lr 1e-4.
-  3. rewards r = Δφᵀz from the φ just updated, without gradient; one-hot skills use r = Δφᵀm with
-     m = (onehot(z) - 1/K)·K/(K-1): +1 at the skill's index, -1/(K-1) elsewhere.
-  4. Q step: Σ_i 0.5 E[(Q_i(s, a, z) - y)²], y = r + γ (min_i Q̄_i(s', a', z) - α log π(a'|s', z)), a' ~ π(·|s', z),
-     never terminal.
-  5. π step: minimize E[α log π(a|s, z) - min_i Q_i(s, a, z)], a ~ π(·|s, z) reparameterized.
-  6. α step: automatic entropy tuning towards -|A|/2, α starting at 0.01 (on Kitchen α stays at 0.01, as the
-     official script freezes it).
-  7. Polyak averaging of both target Qs, τ = 5e-3.
-
-Deliberate differences from the official code:
-  - the constraint's squared norm is summed over the d dimensions, as in the CSF repo's METRA behind the
-    paper's numbers; official METRA averages it over the dimensions (‖Δφ‖²/d): --constraint-norm mean
-    (spec §2.2, §5.6).
-  - time-limit steps are simply never terminal; the official code marks them done and then zeroes every done
-    with --turn_off_dones 1 (spec §1.3, §1.11).
-  - dropped because they never affect learning (spec §5.20, §7): the unused target φ, the std head of the
-    Gaussian φ module (φ is its mean head), and the stored rewards / next actions / returns.
+Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features, whose
+iod/metra.py runs the METRA behind the paper's numbers; none changes the algorithm):
+  - the constraint's squared norm is summed over the d dimensions, as in that repository's iod/metra.py; the original
+    METRA repository's iod/metra.py averages it over the dimensions (‖Δφ‖²/d): --constraint-norm mean.
+  - time-limit steps are simply never terminal; the official sampler marks the last step of every trajectory done
+    (garagei/sampler/option_worker.py), and the scripts' --turn_off_dones 1 then zeroes every done.
+  - dropped because they never affect learning: the target φ that iod/metra.py creates and never updates, the std
+    head of the Gaussian φ module (φ is its mean head), and the stored rewards / next actions / returns.
   - one-hot skills are drawn with torch's generator, not NumPy's global one (a different random stream only).
-  - METRA-C's negatives are fresh unit-sphere draws, as in CSF's scripts; METRA-C with one-hot skills is
-    refused (the paper ran it on Ant only, and unit-sphere negatives do not match a one-hot prior).
+  - METRA-C's negatives are fresh unit-sphere draws, as in CSF's scripts (--sample_new_z 1); METRA-C with one-hot
+    skills is refused (the paper ran it on Ant only, and unit-sphere negatives do not match a one-hot prior).
   - additions, not in the official code: the last epoch is always evaluated and checkpointed, every
     evaluation also reports E‖Δφ‖² over 10k replay transitions, and a --buffer-size that is not a multiple
     of the horizon is rounded down to whole trajectories (the paper's 1M and 300k are). A checkpoint also
     holds the loss means since the last evaluation, so a run resumed from any epoch reports what the
     uninterrupted run does.
   - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
-    22 GB at 300k transitions, same samples); envs.py renders without shadows or multisampling and seeds
-    every env differently (spec §5.18), as for csf.py.
+    22 GB at 300k transitions, same samples); on a CPU, envs.py renders by default without shadows or
+    multisampling (2-70x faster there; CLEANMISL_RENDER=official draws the official look), and it seeds every env
+    differently, where the official run/train.py: make_env seeds every worker's task alike, so that they all repeat
+    the same initial states.
   - on a GPU, float32 matmuls use TF32 (torch.set_float32_matmul_precision("high")), which is faster there; a CPU
     computes them in full float32, and the tests' numbers are the CPU's.
+
+The file reads in the paper's order: Args; the losses, METRA's first, then its ablation METRA-C (skip that on a first
+reading); the networks; the replay buffer; `main`, the training loop; then the infrastructure main calls (the
+command line, start-up, checkpoints, evaluation, logging).
 """
 
 import contextlib
@@ -82,9 +75,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 AGENT = "metra"
-SKILL_DIMS = {"Ant": 2, "HalfCheetah": 16, "Quadruped": 4, "Humanoid": 2, "Kitchen": 24, "Robobin": 9}  # paper Table 4
-DISCRETE_ENVS = ("HalfCheetah", "Kitchen")  # one-hot skills in the METRA scripts (spec §1.2)
-FIXED_ALPHA_ENVS = ("Kitchen",)  # the official METRA-Kitchen script freezes α at its initial 0.01 (spec §2.2, §2.7)
+# the paper's skill dimensions (App. B.3, the table of skill dimensions per method and environment); one-hot ones are K
+SKILL_DIMS = {"Ant": 2, "HalfCheetah": 16, "Quadruped": 4, "Humanoid": 2, "Kitchen": 24, "Robobin": 9}
+DISCRETE_ENVS = ("HalfCheetah", "Kitchen")  # one-hot skills in the official METRA scripts (scripts/pretrain/)
+FIXED_ALPHA_ENVS = ("Kitchen",)  # the official METRA-Kitchen script freezes α at its initial 0.01 (--sac_lr_a -1)
 NUM_DPHI_SAMPLES = 10_000  # replay transitions behind the E‖Δφ‖² diagnostic and --save-repr-stats
 NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
 
@@ -94,13 +88,15 @@ class Args:
     env_id: str = "Ant"
     """the environment: Ant, HalfCheetah (states), Quadruped, Humanoid, Kitchen or Robobin (64×64 pixels)"""
     skill_dim: Optional[int] = None
-    """dimension d of z, or number K of one-hot skills (unset: the paper's: Ant 2, HalfCheetah K = 16, Quadruped 4, Humanoid 2)"""
+    """dimension d of z, or number K of one-hot skills (unset: the paper's: Ant 2, HalfCheetah K = 16, Quadruped 4,
+    Humanoid 2)"""
     discrete: Optional[bool] = None
     """one-hot skills instead of the unit sphere (unset: one-hot on HalfCheetah and Kitchen, as in the paper)"""
     seed: int = 1
     """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
     total_env_steps: Optional[int] = None
-    """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states, 4.8M on pixels)"""
+    """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states,
+    4.8M on pixels)"""
     num_envs: Optional[int] = None
     """trajectories collected per epoch, one skill each, stepped together (unset: 8, Robobin 10)"""
     grad_steps_per_epoch: Optional[int] = None
@@ -183,206 +179,24 @@ RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resum
                      "track", "wandb_project_name", "wandb_entity", "capture_video", "save_repr_stats", "compile")
 
 
-def error(message):
-    """End the run with one line on stderr, no traceback."""
-    sys.exit(f"metra.py: error: {message}")
+# ======================================================================================================================
+# THE ALGORITHM
+# ======================================================================================================================
 
-
-def resume_hint(checkpoint_path):
-    """What a stopped run can be resumed from."""
-    if os.path.isfile(checkpoint_path):
-        return f"resume with --resume {checkpoint_path}"
-    return "no checkpoint was written yet"
-
-
-def non_finite(state, prefix=""):
-    """The names of the float tensors holding NaN or inf in a (nested) state dict, such as
-    "actor_optimizer.state.0.exp_avg_sq"."""
-    if torch.is_tensor(state):
-        return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
-    if isinstance(state, dict):
-        return [name for key, value in state.items() for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
-    if isinstance(state, (list, tuple)):
-        return [name for i, value in enumerate(state) for name in non_finite(value, f"{prefix}.{i}")]
-    return []
-
-
-def truncate_log(log_path, last_epoch):
-    """Keep the evaluations of eval.jsonl up to `last_epoch` (a resumed run does the later ones again), rewritten
-    atomically. Blank lines and a torn last line (a crash while it was written) are dropped, the latter with a
-    warning; any other line that is not an evaluation ends the run with one line."""
-    if not os.path.isfile(log_path):
-        return
-    with open(log_path) as f:
-        lines = [line.rstrip("\n") for line in f if line.strip()]
-    kept = []
-    for number, line in enumerate(lines, 1):
-        try:
-            epoch = json.loads(line)["epoch"]
-        except (ValueError, KeyError, TypeError):
-            if number < len(lines):
-                error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
-            print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
-            continue
-        if epoch <= last_epoch:
-            kept.append(line + "\n")
-    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text("".join(kept)),
-                     resume_hint(os.path.join(os.path.dirname(log_path), "checkpoint.pt")))
-
-
-def write_atomically(path, write, hint):
-    """Write `path` by `write(temporary path)`, then rename it into place: a write that fails (a full disk, a
-    read-only folder) leaves the earlier file whole and no temporary behind, and ends the run with one line."""
-    root, extension = os.path.splitext(path)
-    temporary = f"{root}.tmp{extension}"  # the extension tells savefig and imageio the format
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    except BaseException as e:  # a failed write, or Ctrl-C or an error mid-write: no temporary left behind
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a failed write as a RuntimeError
-            raise
-        if isinstance(e, OSError):
-            reason = e.strerror or str(e)
-        elif "unexpected pos" in str(e) or "write failed" in str(e):
-            reason = "the write was cut short: is the disk full?"
-        else:
-            reason = " ".join(str(e).split())[:120]
-        error(f"cannot write {path} ({reason}); {hint}")
-
-
-def free_memory(device):
-    """Bytes of memory free now: the GPU's, or the host's (MemAvailable); inf where it cannot be read."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return math.inf
-
-
-def check_memory(args, observation_space, action_dim, horizon, frame_stack, device):
-    """Refuse, before anything is allocated, a run that cannot fit in the memory free now, with what it needs.
-    Lower bounds: the replay buffer in host memory; on the device, the hidden-by-hidden weights of φ, Q1, Q2 and π
-    with their gradients and Adam's two moments plus Q's two targets, and one batch of float observations and
-    8 hidden activations per transition."""
-    frame_bytes = math.prod(observation_space.shape) // frame_stack * observation_space.dtype.itemsize
-    trajectories = args.buffer_size // horizon
-    host = {"the replay buffer (--buffer-size)":
-            trajectories * ((horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim))}
-    on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2),
-                 "one batch (--batch-size)": 4 * args.batch_size * (2 * math.prod(observation_space.shape)
-                                                                    + 8 * args.hidden_dim)}
-    if args.buffer_on_device:
-        host, on_device = {}, {**host, **on_device}
-    places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
-    for place, parts in places.items():
-        free = free_memory(device if place == "GPU" else torch.device("cpu"))
-        if sum(parts.values()) > free:
-            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: "
-                  + ", ".join(f"{name} {size / 2**30:,.1f}" for name, size in parts.items())
-                  + f"; {free / 2**30:,.1f} GiB is free")
-
-
-def finite(action, epoch):
-    """The policy's action as a numpy array for the envs, which refuse NaN and inf: if it has one, the networks
-    diverged in the last update (a NaN loss would show at the next), and the run ends with one line."""
-    action = action.cpu().numpy()
-    if not np.isfinite(action).all():
-        error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
-    return action
-
-
-def restore_cuda_rng(states):
-    """Restore a checkpoint's CUDA RNG states on the GPUs this machine sees: a run resumed where fewer GPUs are
-    visible than where it was written sets the ones it has (torch.cuda.set_rng_state_all would raise IndexError)."""
-    for index, state in enumerate(states[: torch.cuda.device_count()]):
-        torch.cuda.set_rng_state(state, index)
-
-
-def in_range(value, interval):
-    """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
-    low, high = (float(end) for end in interval[1:-1].split(","))
-    above = low <= value if interval[0] == "[" else low < value
-    below = value <= high if interval[-1] == "]" else value < high
-    return above and below  # both False for NaN
-
-
-def parse_args(argv=None):
-    """The command line, every unset flag given the paper's value for the env, every value checked (one line on
-    failure). With --resume, the flags the run was started with; a flag given beside it may change only what
-    RESUME_MAY_CHANGE names. Returns the args and the checkpoint (None for a new run)."""
-    args, ckpt = tyro.cli(Args, args=argv), None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume)
-        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
-        for flag, trained in ckpt["args"].items():
-            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
-                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
-    if args.env_id not in envs.ENV_SPECS:
-        error(f"unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
-    spec = envs.ENV_SPECS[args.env_id]
-    paper_discrete = args.env_id in DISCRETE_ENVS
-    if args.discrete is not None and args.discrete != paper_discrete and args.skill_dim is None:
-        error(f"the paper has no {'one-hot' if args.discrete else 'unit-sphere'} METRA skills on {args.env_id}; "
-              f"give --skill-dim too")
-    args.discrete = args.discrete if args.discrete is not None else paper_discrete
-    for flag, paper_value in (("skill_dim", SKILL_DIMS[args.env_id]), ("total_env_steps", spec.total_env_steps),
-                              ("num_envs", spec.num_envs), ("grad_steps_per_epoch", spec.grad_steps_per_epoch),
-                              ("buffer_size", spec.buffer_size), ("eval_every", spec.eval_every)):
-        if getattr(args, flag) is None:
-            setattr(args, flag, paper_value)
-    if args.checkpoint_every is None:
-        args.checkpoint_every = args.eval_every
-    for flag, interval in FLAG_RANGES.items():
-        if not in_range(getattr(args, flag), interval):
-            error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
-    for flag, choices in FLAG_CHOICES.items():
-        if getattr(args, flag) not in choices:
-            error(f"--{flag.replace('_', '-')} must be one of {', '.join(choices)}, got {getattr(args, flag)!r}")
-    if args.discrete and args.skill_dim < 2:
-        error(f"one-hot skills need --skill-dim K >= 2, got {args.skill_dim}")
-    if args.discrete and args.repr_loss == "contrastive":
-        error("--repr-loss contrastive needs unit-sphere skills; add --discrete False --skill-dim D")
-    steps_per_epoch = args.num_envs * spec.horizon
-    if args.buffer_size < steps_per_epoch:
-        error(f"--buffer-size must hold one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} transitions), "
-              f"got {args.buffer_size}")
-    if args.total_env_steps < steps_per_epoch:
-        error(f"--total-env-steps must cover one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} env steps), "
-              f"got {args.total_env_steps}")
-    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps,
-                                                                args.buffer_size // spec.horizon * spec.horizon):
-        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
-              f"got {args.learning_starts}")
-    if ckpt and args.total_env_steps // steps_per_epoch <= ckpt["epoch"]:
-        error(f"{args.resume} has already trained for {ckpt['epoch'] * steps_per_epoch} env steps; "
-              f"give a larger --total-env-steps to continue it")
-    return args, ckpt
-
-
+# ---------------------------------------------------------------- the losses (paper §3, Eq. 5 and 6)
 def sample_skills(n, skill_dim, discrete=False, generator=None, device=None):
-    """z ~ Unif(S^{d-1}): a standard normal draw scaled to unit length; or a one-hot vector, index ~ Unif{0..K-1};
-    made on `device`."""
+    """z ~ p(z): Unif(S^{d-1}), a standard normal draw scaled to unit length, as the official iod/metra.py:
+    METRA._get_train_trajectories_kwargs draws it (unit_length); or a one-hot vector, index ~ Unif{0..K-1}; made on
+    `device`."""
     if discrete:
         return F.one_hot(torch.randint(skill_dim, (n,), generator=generator, device=device), skill_dim).float()
     z = torch.randn(n, skill_dim, generator=generator, device=device)
     return z / z.norm(dim=-1, keepdim=True)
 
 
-def eval_skills(n, skill_dim, discrete, generator):
-    """The n evaluation skills: fresh prior draws, or the K one-hots split evenly (n // K each, the remainder
-    to the lowest indices, spec §4.1)."""
-    if discrete:
-        return F.one_hot((torch.arange(n) % skill_dim).sort().values, skill_dim).float()
-    return sample_skills(n, skill_dim, generator=generator)
-
-
-# ---------------------------------------------------------------- losses (spec §1.7, §2.2)
 def skill_weights(skill, discrete):
-    """The vector w with r = Δφᵀw: z itself, or for a one-hot z, m = (onehot - 1/K)·K/(K-1) (+1 / -1/(K-1))."""
+    """The vector w with r = Δφᵀw: z itself, or for a one-hot z, m = (onehot - 1/K)·K/(K-1): +1 at the skill's index,
+    -1/(K-1) elsewhere (the official iod/metra.py: _update_rewards)."""
     if not discrete:
         return skill
     k = skill.shape[-1]
@@ -401,19 +215,78 @@ def constraint(dphi, eps, norm="sum"):
 
 
 def metra_phi_loss(dphi, weights, log_lam, eps, norm="sum"):
-    """L(φ) = -E[Δφᵀw + λ min(1 - ‖Δφ‖², ε)], λ = exp(log λ) detached   (paper Eq. 5, spec §2.2)
+    """L(φ) = -E[Δφᵀw + λ min(1 - ‖Δφ‖², ε)], λ = exp(log λ) detached   (paper Eq. 5 with METRA's slack ε)
 
-    Returns the loss and the per-sample constraint terms c, which the λ step uses (detached there).
+    dphi: (B, d) = φ(s') - φ(s); weights: (B, d) the w of skill_weights; as the official iod/metra.py:
+    _update_loss_te computes it. Returns the loss and the per-sample constraint terms c, which the λ step uses
+    (detached there).
     """
     c = constraint(dphi, eps, norm)
     return -(intrinsic_reward(dphi, weights) + log_lam.exp().detach() * c).mean(), c
 
 
 def dual_loss(log_lam, c):
-    """L(λ) = log λ · E[c], c detached: descent lowers λ while c > 0 (constraint slack), raises it while c < 0."""
+    """L(λ) = log λ · E[c], c detached: descent lowers λ while c > 0 (constraint slack), raises it while c < 0; the
+    parameter is log λ, as in the official iod/metra.py (paper Eq. 5's min over λ ≥ 0)."""
     return log_lam * c.detach().mean()
 
 
+def critic_target(reward, next_q, next_log_prob, alpha, gamma):
+    """y = r + γ (min_k Q̄_k(s', a', z) - α log π(a'|s', z)), a' ~ π(·|s', z), never terminal (the 200-step time limit
+    is not an end of the task), as in the official iod/sac_utils.py. next_q: (critics, B), every target net's
+    Q̄(s', a', z)."""
+    return reward + gamma * (next_q.amin(0) - alpha * next_log_prob)
+
+
+def critic_loss(q, target):
+    """Σ_k 0.5 E[(Q_k(s, a, z) - y)²]: the twin critics, stepped by one optimizer on the sum. q: (critics, B)."""
+    return sum(0.5 * F.mse_loss(q_k, target) for q_k in q)
+
+
+def actor_loss(log_prob, q, alpha):
+    """L(π) = E[α log π(a|s, z) - min_k Q_k(s, a, z)], a ~ π(·|s, z) reparameterized. q: (critics, B)."""
+    return (alpha * log_prob - q.amin(0)).mean()
+
+
+def temperature_loss(log_alpha, log_prob, target_entropy):
+    """L(α) = -E[log α (log π(a|s, z) + H̄)]: α grows while the entropy -log π is below H̄ = -|A|/2, the official
+    iod/sac_utils.py's target, half the usual -|A|."""
+    return -(log_alpha * (log_prob + target_entropy)).mean()
+
+
+# ---------------------------------------------------------------- the losses of one gradient step (the official
+# iod/metra.py: _train_components). Each is a function of the networks and the batch alone, so that --compile can
+# compile it (forward and backward); the optimizer steps between them stay eager (main's `update`).
+def phi_objective(phi, obs, next_obs, skill, negatives, log_lam, args):
+    """The φ step's loss, the per-sample constraint terms c (which the λ step uses) and METRA-C's log-sum-exp (None
+    for METRA)."""
+    dphi, weights = phi(next_obs) - phi(obs), skill_weights(skill, args.discrete)  # w: z, or m for one-hot skills
+    if args.repr_loss == "contrastive":  # METRA-C (below); c is only logged
+        phi_loss, logsumexp = contrastive_phi_loss(dphi, weights, negatives, args.xi)
+        return phi_loss, constraint(dphi.detach(), args.dual_slack, args.constraint_norm), logsumexp
+    return *metra_phi_loss(dphi, weights, log_lam, args.dual_slack, args.constraint_norm), None
+
+
+def qf_objective(qf, qf_target, phi, actor, obs, action, next_obs, skill, alpha, args):
+    """L(Q) = Σ_k 0.5 E[(Q_k(s, a, z) - y)²] on the reward r = Δφᵀw of the φ just updated (paper Eq. 6), and the
+    rewards. The twin critics Q_k share the target, from the twin targets Q̄_k."""
+    with torch.no_grad():
+        reward = intrinsic_reward(phi(next_obs) - phi(obs), skill_weights(skill, args.discrete))
+        next_action, next_log_prob = actor.sample(next_obs, skill)
+        next_q = torch.stack([net(next_obs, skill, next_action) for net in qf_target])
+        target = critic_target(reward, next_q, next_log_prob, alpha, args.gamma)
+    return critic_loss([net(obs, skill, action) for net in qf], target), reward
+
+
+def actor_objective(actor, qf, obs, skill, alpha):
+    """The π step's loss, and log π(a|s, z) of its actions for the α step."""
+    new_action, log_prob = actor.sample(obs, skill)
+    return actor_loss(log_prob, torch.stack([net(obs, skill, new_action) for net in qf]), alpha), log_prob
+
+
+# ---------------------------------------------------------------- the paper's ablation METRA-C (§6.3): skip on a
+# first reading. --repr-loss contrastive replaces METRA's φ objective by CSF's contrastive lower bound (no λ); with
+# the default flags none of this changes anything.
 def contrastive_phi_loss(dphi, skill, negatives, xi):
     """L(φ) = -E[(φ(s') - φ(s))ᵀz] + ξ E[log Σ_j exp((φ(s') - φ(s))ᵀz'_j)]   (paper Eq. 8 with ξ, CSF's φ loss)
 
@@ -426,35 +299,7 @@ def contrastive_phi_loss(dphi, skill, negatives, xi):
     return -(positive - xi * logsumexp).mean(), logsumexp.mean()
 
 
-def critic_target(reward, next_q1, next_q2, next_log_prob, alpha, gamma):
-    """y = r + γ (min_i Q̄_i(s', a', z) - α log π(a'|s', z)), never terminal (spec §1.7)."""
-    return reward + gamma * (torch.min(next_q1, next_q2) - alpha * next_log_prob)
-
-
-def critic_loss(q1, q2, target):
-    """Σ_i 0.5 E[(Q_i - y)²]: the twin Qs, one optimizer (spec §1.5, §1.7)."""
-    return 0.5 * F.mse_loss(q1, target) + 0.5 * F.mse_loss(q2, target)
-
-
-def actor_loss(log_prob, q1, q2, alpha):
-    """L(π) = E[α log π(a|s, z) - min_i Q_i(s, a, z)], a ~ π(·|s, z)."""
-    return (alpha * log_prob - torch.min(q1, q2)).mean()
-
-
-def temperature_loss(log_alpha, log_prob, target_entropy):
-    """L(α) = -E[log α (log π(a|s, z) + H̄)]: α grows while the entropy -log π is below H̄ = -|A|/2 (spec §1.7)."""
-    return -(log_alpha * (log_prob + target_entropy)).mean()
-
-
-def repr_stats(dphi, weights):
-    """The samples behind the paper's Figure 2: Δφ, the skill vector w, Δφ - w and Δφ/‖Δφ‖, as NumPy arrays."""
-    dphi, weights = dphi.detach().cpu().double(), weights.detach().cpu().double()
-    norm = dphi.norm(dim=-1, keepdim=True)
-    return {"dphi": dphi.numpy(), "z": weights.numpy(), "dphi_minus_z": (dphi - weights).numpy(),
-            "dphi_unit": (dphi / norm.clamp_min(1e-12)).numpy(), "dphi_sq": norm.squeeze(-1).pow(2).numpy()}
-
-
-# ---------------------------------------------------------------- networks (spec §1.8)
+# ---------------------------------------------------------------- the networks (official run/train.py)
 def mlp(in_dim, hidden_dim, out_dim, activation, init):
     """Linear → act → Linear → act → Linear, zero biases."""
     net = nn.Sequential(nn.Linear(in_dim, hidden_dim), activation(), nn.Linear(hidden_dim, hidden_dim),
@@ -471,7 +316,8 @@ class Phi(nn.Module):
 
     def __init__(self, observation_space, skill_dim, hidden_dim):
         super().__init__()
-        self.encoder, features = envs.make_encoder(observation_space)  # every network owns its encoder (spec §1.9)
+        # every network owns its encoder, as in the official garagei/torch/modules/with_encoder.py
+        self.encoder, features = envs.make_encoder(observation_space)
         self.net = mlp(features, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_)
 
     def forward(self, obs):
@@ -523,7 +369,19 @@ class Actor(nn.Module):
         return torch.tanh(self(obs, skill)[0])
 
 
-# ---------------------------------------------------------------- replay buffer (spec §1.4)
+@contextlib.contextmanager
+def frozen(modules):
+    """No gradient into these modules' weights while the block runs; one still flows through them to their inputs."""
+    for module in modules:
+        module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.requires_grad_(True)
+
+
+# ---------------------------------------------------------------- the replay buffer
 def to_device(array, device):
     """A host array as a tensor on `device`; to a GPU through pinned memory, without waiting for the copy."""
     tensor = torch.from_numpy(array)
@@ -537,7 +395,8 @@ def stack_frames(frames):
 
 
 class ReplayBuffer:
-    """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement.
+    """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement, as from the
+    official garagei/replay_buffer/path_buffer_ex.py.
 
     Observations are stored once per time step (s'_t is s_{t+1}), and of a stacked pixel observation only its
     newest frame, as uint8: the stack is rebuilt by index, oldest frame first, the first frame repeated at
@@ -625,46 +484,16 @@ class ReplayBuffer:
             self.generator.set_state(state["generator"])
 
 
-# ---------------------------------------------------------------- evaluation (spec §4.1-4.2)
-def skill_colors(skills, discrete):
-    """One colour per skill: by index for one-hot skills, by the angle of (z_0, z_1) otherwise."""
-    if discrete:
-        return plt.cm.hsv(skills.argmax(-1) / skills.shape[-1])
-    angle = np.arctan2(skills[:, 1], skills[:, 0]) if skills.shape[-1] > 1 else np.pi * (skills[:, 0] > 0)
-    return plt.cm.hsv((angle + np.pi) / (2 * np.pi))
-
-
-def plot_skills(coordinates, colors, title, env_id):
-    """The 48 evaluation trajectories, one colour per skill."""
-    fig, ax = plt.subplots(figsize=(5, 5))
-    envs.draw_coordinates(ax, coordinates, colors, env_id)
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig
-
-
+# ---------------------------------------------------------------- the training loop
 def main(args, ckpt=None):
+    """METRA, epoch by epoch (the official iod/iod.py: IOD.train): evaluate every `eval_every` epochs (epoch 0
+    included); collect `num_envs` trajectories of the env's horizon, one skill z ~ p(z) each; then, once
+    `learning_starts` transitions are stored, take `grad_steps_per_epoch` gradient steps. `ckpt`: a run to resume."""
     spec = envs.ENV_SPECS[args.env_id]
-    run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
-    # a resumed run goes on in its checkpoint's folder, whatever the working directory
-    run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    # Ctrl-C ends the run with one line naming the checkpoint to resume from (atomic writes keep it whole)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    signal.signal(signal.SIGINT, lambda *_: error(f"interrupted; {resume_hint(checkpoint_path)}"))
     steps_per_epoch = args.num_envs * spec.horizon
     num_epochs = args.total_env_steps // steps_per_epoch
-    contrastive = args.repr_loss == "contrastive"
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
-    # TensorBoard writes from a thread: a failed write (a full disk) is raised again at the next add_scalar, and
-    # ends the run with one line there; its thread stays quiet
-    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    contrastive = args.repr_loss == "contrastive"  # METRA-C, the ablation: no λ
+    run_name, run_dir, checkpoint_path, writer = start_run(args, ckpt)  # folder, Ctrl-C, W&B, TensorBoard
 
     # ------------------------------------------------------------ seeding
     random.seed(args.seed)
@@ -678,204 +507,56 @@ def main(args, ckpt=None):
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on the GPUs that have them
 
     # ------------------------------------------------------------ envs
-    # Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
-    # env never resets on its own, so the observation after the last step is the final one (never a reset one).
-    num_video_skills = min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
-    try:  # a pixel world makes its render context at its first frame: the first reset
-        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)],
-                                              autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-        eval_envs = gym.vector.SyncVectorEnv([
-            lambda i=i: envs.make_env(args.env_id, "rgb_array" if i < num_video_skills else None)
-            for i in range(args.num_eval_skills)], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-        train_envs.reset(seed=args.seed)
-        eval_envs.reset(seed=args.seed + 10_000)
-        if args.capture_video:
-            eval_envs.envs[0].render()  # fail now, not at the first evaluation
-    except envs.RenderUnavailable as e:
-        error(e)
+    train_envs, eval_envs = make_envs(args)  # trajectories of exactly the horizon, never reset on their own
     observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
     action_dim = train_envs.single_action_space.shape[0]
     d = args.skill_dim
     check_memory(args, observation_space, action_dim, spec.horizon, spec.frame_stack, device)
 
-    # ------------------------------------------------------------ networks and optimizers
+    # ------------------------------------------------------------ networks, optimizers, replay buffer
     phi = Phi(observation_space, d, args.hidden_dim).to(device)
-    qf1, qf2 = (QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
-    qf1_target, qf2_target = (QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2))
-    qf1_target.load_state_dict(qf1.state_dict())
-    qf2_target.load_state_dict(qf2.state_dict())
+    qf = [QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2)]  # twins, SAC's
+    qf_target = [QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in qf]
+    for net, target in zip(qf, qf_target):
+        target.load_state_dict(net.state_dict())
     actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
     log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
     log_lam = torch.tensor(math.log(args.dual_lam), device=device, requires_grad=True)  # never stepped in METRA-C
-    target_entropy = -action_dim / 2  # the official code halves the usual -|A| (spec §1.7)
-    # --compile: fused, one kernel per optimizer step, equal up to rounding. Eager: foreach, the numbers of the
-    # per-tensor loop bit for bit in fewer, larger calls (the default on a GPU; on a CPU, faster than the loop)
+    target_entropy = -action_dim / 2  # H̄ = -|A|/2, the official code's (temperature_loss)
+    # --compile: fused Adam, equal up to rounding; eager: foreach, the per-tensor loop's numbers bit for bit, faster
     adam = {"lr": args.lr, "fused": args.compile, "foreach": not args.compile}
     phi_optimizer = torch.optim.Adam(phi.parameters(), **adam)
-    qf_params, qf_target_params = [*qf1.parameters(), *qf2.parameters()], [*qf1_target.parameters(),
-                                                                          *qf2_target.parameters()]
-    qf_optimizer = torch.optim.Adam(qf_params, **adam)
+    qf_params = [param for net in qf for param in net.parameters()]
+    qf_target_params = [param for net in qf_target for param in net.parameters()]
+    qf_optimizer = torch.optim.Adam(qf_params, **adam)  # one optimizer for the twins, on the sum of their losses
     actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
     alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
     lam_optimizer = torch.optim.Adam([log_lam], **{**adam, "lr": args.dual_lr})
     rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng,
                       device if args.buffer_on_device else None)
-    modules = {"phi": phi, "qf1": qf1, "qf2": qf2, "qf1_target": qf1_target, "qf2_target": qf2_target,
-               "actor": actor, "phi_optimizer": phi_optimizer, "qf_optimizer": qf_optimizer,
-               "actor_optimizer": actor_optimizer, "alpha_optimizer": alpha_optimizer, "lam_optimizer": lam_optimizer}
 
-    def new_window():  # what happened since the last evaluation: the means and speeds the next one reports
-        return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
-
+    modules = {"phi": phi, **{f"qf{k}": net for k, net in enumerate(qf, 1)},  # the checkpoint's keys
+               **{f"qf{k}_target": net for k, net in enumerate(qf_target, 1)}, "actor": actor,
+               "phi_optimizer": phi_optimizer, "qf_optimizer": qf_optimizer, "actor_optimizer": actor_optimizer,
+               "alpha_optimizer": alpha_optimizer, "lam_optimizer": lam_optimizer}
     start_epoch, grad_steps, wall_time, since_eval = 0, 0, 0.0, new_window()
     if ckpt:
-        try:
-            for name, module in modules.items():
-                module.load_state_dict(ckpt[name])
-                if isinstance(module, torch.optim.Optimizer):  # the Adam --compile asks for now, not the saved one
-                    for group in module.param_groups:
-                        group.update(fused=args.compile, foreach=not args.compile)
-            with torch.no_grad():
-                log_alpha.copy_(ckpt["log_alpha"])
-                log_lam.copy_(ckpt["log_lam"])
-            rb.load_state_dict(ckpt["buffer"])
-            start_epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
-            torch.set_rng_state(ckpt["torch_rng"])
-            if device.type == "cuda" and ckpt["cuda_rng"] is not None:
-                restore_cuda_rng(ckpt["cuda_rng"])
-            eval_generator.set_state(ckpt["eval_torch_rng"])
-            rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
-            for env, state in zip(train_envs.envs + eval_envs.envs, ckpt["env_rngs"]):
-                env.unwrapped.np_random.bit_generator.state = state
-            window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
-            since_eval = {**window, "stats": [s.to(device) for s in window["stats"]], "start": time.time() - window["start"]}
-        except (KeyError, RuntimeError, ValueError) as e:  # the state of another version of this script
-            error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
-        # evaluations logged after this checkpoint (the run stopped before writing its next one) are done again
-        truncate_log(os.path.join(run_dir, "eval.jsonl"), start_epoch)
-        print(f"resumed {run_name} at epoch {start_epoch} ({start_epoch * steps_per_epoch:,} env steps)")
+        start_epoch, grad_steps, wall_time, since_eval = restore_checkpoint(
+            ckpt, args, run_dir, modules, log_alpha, log_lam, rb, rng, eval_rng, eval_generator,
+            train_envs.envs + eval_envs.envs, device)
 
-    def save_checkpoint(epoch):
-        state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
-                 "wall_time": wall_time + time.time() - segment_start, "log_alpha": log_alpha.detach().cpu(),
-                 "log_lam": log_lam.detach().cpu(),
-                 "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(),
-                 "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
-                 "numpy_rng": rng.bit_generator.state,
-                 "eval_numpy_rng": eval_rng.bit_generator.state, "eval_torch_rng": eval_generator.get_state(),
-                 "env_rngs": [e.unwrapped.np_random.bit_generator.state for e in train_envs.envs + eval_envs.envs],
-                 "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
-                 **{name: module.state_dict() for name, module in modules.items()}}
-        diverged = non_finite({name: state[name] for name in modules})
-        if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite: never saved as good
-            error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
-                  f"{resume_hint(checkpoint_path)}")
-        # atomic: a crash, a kill or a full disk mid-write leaves the previous checkpoint intact
-        write_atomically(checkpoint_path, lambda temporary: torch.save(state, temporary), resume_hint(checkpoint_path))
-
-    @torch.no_grad()
-    @record_function("evaluation")
-    def evaluate(epoch, epoch_stats):
-        """Deterministic rollouts → coverage, skill plot, E‖Δφ‖², constraint, λ, one line of eval.jsonl."""
-        skills = eval_skills(args.num_eval_skills, d, args.discrete, eval_generator)
-        coordinates, frames = [], []
-
-        def record(info):  # the state after reset and after every step
-            coordinates.append(info["coordinates"])
-            if num_video_skills:
-                frames.append(np.concatenate([eval_envs.envs[i].render() for i in range(num_video_skills)], 1))
-
-        obs, info = eval_envs.reset()
-        skills_on_device = skills.to(device)
-        record(info)
-        for _ in range(spec.horizon):
-            action = actor.mode(torch.as_tensor(obs, device=device), skills_on_device)
-            obs, _, _, _, info = eval_envs.step(finite(action, epoch))
-            record(info)
-        coordinates = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
-        env_steps = epoch * steps_per_epoch
-        result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps,
-                  "wall_time": round(wall_time + time.time() - segment_start, 2),
-                  "coverage": envs.coverage(coordinates, args.env_id)}
-        if rb.size > 0:  # E‖φ(s') - φ(s)‖² and the mean constraint term over replay transitions
-            n = min(NUM_DPHI_SAMPLES, rb.size)  # in chunks that fit in memory with pixels
-            batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))  # one at a time
-            pairs = [(phi(b["next_obs"]) - phi(b["obs"]), b["skill"]) for b in batches]
-            dphi, skill = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
-            result["dphi_sq"] = dphi.pow(2).sum(-1).mean().item()
-            result["constraint"] = constraint(dphi, args.dual_slack, args.constraint_norm).mean().item()
-            if args.save_repr_stats:
-                np.savez_compressed(os.path.join(run_dir, f"repr_stats_{env_steps:010d}.npz"),
-                                    **repr_stats(dphi, skill_weights(skill, args.discrete)), skill=skill.cpu().numpy(), discrete=args.discrete, env_id=args.env_id,
-                                    env_steps=env_steps, repr_loss=args.repr_loss, constraint_norm=args.constraint_norm)
-        result.update(epoch_stats)  # training means since the last evaluation
-        if not contrastive:
-            result["lambda"] = log_lam.exp().item()  # the current λ, not its mean since the last evaluation
-        result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-        # every file whole or not at all: a full disk or a read-only folder ends the run with one line
-        hint = resume_hint(checkpoint_path)
-        fig = plot_skills(coordinates, skill_colors(skills.numpy(), args.discrete),
-                          f"{'METRA-C' if contrastive else 'METRA'} {args.env_id}, {env_steps:,} env steps, "
-                          f"coverage {result['coverage']}", args.env_id)
-        write_atomically(os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
-                         lambda temporary: fig.savefig(temporary, dpi=100), hint)
-        plt.close(fig)
-        if frames:
-            import imageio
-
-            os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
-            write_atomically(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"),
-                             lambda temporary: imageio.mimsave(temporary, frames, fps=20), hint)
-        for key in ("coverage", "dphi_sq", "constraint", "lambda"):
-            if key in result:
-                writer.add_scalar(f"eval/{key}", result[key], env_steps)
-        log_path = os.path.join(run_dir, "eval.jsonl")
-        logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
-        write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text(
-            logged + json.dumps(result) + "\n"), hint)
-        shown = ("dphi_sq", "constraint", "lambda", *(k for k in epoch_stats if k != "lambda"))
-        print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | "
-              + " | ".join(f"{k} {result[k]:.4g}" for k in shown if k in result))
-
-    # ------------------------------------------------------------ one gradient step (spec §1.5, §2.2)
-    # Each loss is a function of the batch alone, so that --compile can compile it (forward and backward);
-    # the optimizer steps between them stay eager.
-    def phi_objective(obs, next_obs, weights, negatives):
-        """The φ step's loss, the per-sample constraint terms c (which the λ step uses) and METRA-C's log-sum-exp."""
-        dphi = phi(next_obs) - phi(obs)
-        if contrastive:
-            phi_loss, logsumexp = contrastive_phi_loss(dphi, weights, negatives, args.xi)
-            return phi_loss, constraint(dphi.detach(), args.dual_slack, args.constraint_norm), logsumexp  # c: logged
-        return *metra_phi_loss(dphi, weights, log_lam, args.dual_slack, args.constraint_norm), None
-
-    def qf_objective(obs, action, next_obs, skill, weights, alpha):
-        """The Q step's loss on r = Δφᵀz from the φ just updated, and the rewards."""
-        with torch.no_grad():
-            reward = intrinsic_reward(phi(next_obs) - phi(obs), weights)
-            next_action, next_log_prob = actor.sample(next_obs, skill)
-            target = critic_target(reward, qf1_target(next_obs, skill, next_action),
-                                   qf2_target(next_obs, skill, next_action), next_log_prob, alpha, args.gamma)
-        return critic_loss(qf1(obs, skill, action), qf2(obs, skill, action), target), reward
-
-    def actor_objective(obs, skill, alpha):
-        """The π step's loss, and log π(a|s, z) of its actions for the α step."""
-        new_action, log_prob = actor.sample(obs, skill)
-        return actor_loss(log_prob, qf1(obs, skill, new_action), qf2(obs, skill, new_action), alpha), log_prob
-
-    if args.compile:
-        # on a CPU, eager's random draws, so that only the float rounding differs (the equality test); on a GPU,
-        # inductor's own, fused into the kernels (the fallback is its slow debugging mode)
-        torch._inductor.config.fallback_random = device.type == "cpu"
-        phi_objective, qf_objective, actor_objective = map(torch.compile, (phi_objective, qf_objective,
-                                                                          actor_objective))
+    # ------------------------------------------------------------ one gradient step (the official iod/metra.py)
+    phi_loss_of, qf_loss_of, actor_loss_of = compiled(args.compile, device, phi_objective, qf_objective,
+                                                      actor_objective)  # themselves, without --compile
 
     def update(batch):
+        """One gradient step on one minibatch, in the official order: φ (Eq. 5), λ, the twin Qs on the rewards of the
+        φ just updated, π, α, the Polyak step of Q̄. Returns named stats, on the device: no step waits for the host."""
         obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
-        weights = skill_weights(skill, args.discrete)  # z, or m for one-hot skills
         alpha = log_alpha.exp().detach()
         with record_function("phi step"):  # then (METRA) the dual step on log λ
-            negatives = sample_skills(args.num_negatives, d, device=device) if contrastive else None  # z'_j ~ p(z), fresh
-            phi_loss, c, logsumexp = phi_objective(obs, next_obs, weights, negatives)
+            negatives = sample_skills(args.num_negatives, d, device=device) if contrastive else None  # z'_j ~ p(z)
+            phi_loss, c, logsumexp = phi_loss_of(phi, obs, next_obs, skill, negatives, log_lam, args)
             phi_optimizer.zero_grad()
             phi_loss.backward()
             phi_optimizer.step()
@@ -885,47 +566,40 @@ def main(args, ckpt=None):
                 lam_loss.backward()
                 lam_optimizer.step()
         with record_function("qf step"):
-            qf_loss, reward = qf_objective(obs, action, next_obs, skill, weights, alpha)
+            qf_loss, reward = qf_loss_of(qf, qf_target, phi, actor, obs, action, next_obs, skill, alpha, args)
             qf_optimizer.zero_grad()
             qf_loss.backward()
             qf_optimizer.step()
-        with record_function("actor step"):  # the gradient flows through Q to the action, none into Q's weights
-            qf1.requires_grad_(False), qf2.requires_grad_(False)
-            pi_loss, log_prob = actor_objective(obs, skill, alpha)
+        with record_function("actor step"), frozen(qf):  # the gradient flows through Q to the action, not into Q
+            actor_loss, log_prob = actor_loss_of(actor, qf, obs, skill, alpha)
             actor_optimizer.zero_grad()
-            pi_loss.backward()
+            actor_loss.backward()
             actor_optimizer.step()
-            qf1.requires_grad_(True), qf2.requires_grad_(True)
         with record_function("alpha step"):  # then the target Qs: Q̄ ← (1 - τ) Q̄ + τ Q, every tensor in one call
             alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
-            if args.env_id not in FIXED_ALPHA_ENVS:
+            if args.env_id not in FIXED_ALPHA_ENVS:  # Kitchen: α stays at its initial value
                 alpha_optimizer.zero_grad()
                 alpha_loss.backward()
                 alpha_optimizer.step()
             with torch.no_grad():
                 torch._foreach_lerp_(qf_target_params, qf_params, args.tau)
-        extra = [logsumexp] if contrastive else [lam_loss, log_lam.exp()]
-        return torch.stack([phi_loss, qf_loss, pi_loss, alpha_loss, reward.mean(), c.mean(), alpha, *extra]).detach()
+        stats = {"phi_loss": phi_loss, "qf_loss": qf_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss,
+                 "reward": reward.mean(), "batch_constraint": c.mean(), "alpha": alpha}
+        stats.update({"logsumexp": logsumexp} if contrastive else {"lambda_loss": lam_loss, "lambda": log_lam.exp()})
+        return {name: value.detach() for name, value in stats.items()}
 
-    stat_names = ("phi_loss", "qf_loss", "actor_loss", "alpha_loss", "reward", "batch_constraint", "alpha") + (
-        ("logsumexp",) if contrastive else ("lambda_loss", "lambda"))
-    loss_columns = [i for i, name in enumerate(stat_names) if name.endswith("loss")]
-
-    # ------------------------------------------------------------ main loop
+    # ------------------------------------------------------------ the loop: evaluate, collect, update
     segment_start = time.time()
     for epoch in range(start_epoch, num_epochs + 1):
         # evaluate and checkpoint at the start of the epoch: what the previous `epoch` epochs produced
         if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
-            stats = dict(zip(stat_names, torch.stack(since_eval["stats"]).mean(0).tolist())) if since_eval["stats"] else {}
-            elapsed = time.time() - since_eval["start"]
-            if since_eval["env_steps"]:
-                stats["sps"] = since_eval["env_steps"] / elapsed
-            if since_eval["grad_steps"]:
-                stats["ms_per_grad_step"] = 1000 * since_eval["train_time"] / since_eval["grad_steps"]
-            evaluate(epoch, stats)
+            evaluate(epoch, grad_steps, wall_time + time.time() - segment_start, window_stats(since_eval), args,
+                     actor, phi, log_lam, rb, eval_envs, eval_rng, eval_generator, device, run_dir, writer)
             since_eval = new_window()
         if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
-            save_checkpoint(epoch)
+            save_checkpoint(checkpoint_path, args, run_name, epoch, grad_steps, wall_time + time.time() - segment_start,
+                            since_eval, modules, log_alpha, log_lam, rb, rng, eval_rng, eval_generator,
+                            train_envs.envs + eval_envs.envs, device)
         if epoch == num_epochs:
             break
 
@@ -945,42 +619,94 @@ def main(args, ckpt=None):
         since_eval["env_steps"] += steps_per_epoch
         env_steps = (epoch + 1) * steps_per_epoch
 
-        # train
+        # update: gradient steps, each on its own minibatch
         if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
-            train_start = time.time()
-            losses = []
+            train_start, step_stats = time.time(), []
             for _ in range(args.grad_steps_per_epoch):
                 with record_function("sampling"):
                     batch = rb.sample(args.batch_size, device)
-                losses.append(update(batch))
-            losses = torch.stack(losses)
-            bad = ~torch.isfinite(losses[:, loss_columns])
-            if bad.any():
-                step, which = bad.nonzero()[0].tolist()
-                name = stat_names[loss_columns[which]]
-                error(f"{name} is {losses[step, loss_columns[which]].item()} at gradient step {grad_steps + step + 1} "
-                      f"(epoch {epoch}); {resume_hint(checkpoint_path)}")
+                step_stats.append(update(batch))
+            names, per_step = stack_stats(step_stats)  # (steps, stats)
+            stop_at_a_non_finite_loss(names, per_step, grad_steps, epoch, resume_hint(checkpoint_path))
             grad_steps += args.grad_steps_per_epoch
-            since_eval["train_time"] += time.time() - train_start
-            since_eval["grad_steps"] += args.grad_steps_per_epoch
-            since_eval["stats"].append(losses.mean(0))
-            for name, value in zip(stat_names, losses.mean(0).tolist()):
-                writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
-        sps = int((epoch + 1 - start_epoch) * steps_per_epoch / (time.time() - segment_start))
-        writer.add_scalar("charts/SPS", sps, env_steps)
-        writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
-        if (epoch + 1) % 10 == 0:
-            last = dict(zip(stat_names, since_eval["stats"][-1].tolist())) if since_eval["stats"] else {}
-            print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | "
-                  + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
+            record_epoch(since_eval, dict(zip(names, per_step.mean(0))), args.grad_steps_per_epoch,
+                         time.time() - train_start, writer, env_steps)
+        log_epoch(writer, epoch, env_steps, grad_steps, (epoch + 1 - start_epoch) * steps_per_epoch,
+                  time.time() - segment_start, since_eval)
 
-    train_envs.close()
-    eval_envs.close()
-    writer.close()
-    if args.track:
-        wandb.finish()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as before the run
-    print(f"done: {run_dir}")
+    finish_run(args, run_dir, writer, train_envs, eval_envs)
+
+
+# ======================================================================================================================
+# INFRASTRUCTURE: what main calls around the algorithm (the command line, start-up, checkpoints, evaluation, logging)
+# ======================================================================================================================
+
+# ---------------------------------------------------------------- the command line
+def parse_args(argv=None):
+    """The command line, every unset flag given the paper's value for the env, every value checked (one line on
+    failure). With --resume, the flags the run was started with; a flag given beside it may change only what
+    RESUME_MAY_CHANGE names. Returns the args and the checkpoint (None for a new run)."""
+    args, ckpt = tyro.cli(Args, args=argv), None
+    if args.resume:
+        ckpt = load_checkpoint(args.resume)
+        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
+        for flag, trained in ckpt["args"].items():
+            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
+                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
+    if args.env_id not in envs.ENV_SPECS:
+        error(f"unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
+    spec = envs.ENV_SPECS[args.env_id]
+    paper_discrete = args.env_id in DISCRETE_ENVS
+    if args.discrete is not None and args.discrete != paper_discrete and args.skill_dim is None:
+        error(f"the paper has no {'one-hot' if args.discrete else 'unit-sphere'} METRA skills on {args.env_id}; "
+              f"give --skill-dim too")
+    for flag, paper_value in env_defaults(args.env_id).items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, paper_value)
+    if args.checkpoint_every is None:
+        args.checkpoint_every = args.eval_every
+    for flag, interval in FLAG_RANGES.items():
+        if not in_range(getattr(args, flag), interval):
+            error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
+    for flag, choices in FLAG_CHOICES.items():
+        if getattr(args, flag) not in choices:
+            error(f"--{flag.replace('_', '-')} must be one of {', '.join(choices)}, got {getattr(args, flag)!r}")
+    if args.discrete and args.skill_dim < 2:
+        error(f"one-hot skills need --skill-dim K >= 2, got {args.skill_dim}")
+    if args.discrete and args.repr_loss == "contrastive":
+        error("--repr-loss contrastive needs unit-sphere skills; add --discrete False --skill-dim D")
+    steps_per_epoch = args.num_envs * spec.horizon
+    if args.buffer_size < steps_per_epoch:
+        error(f"--buffer-size must hold one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} transitions), "
+              f"got {args.buffer_size}")
+    if args.total_env_steps < steps_per_epoch:
+        error(f"--total-env-steps must cover one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} env steps), "
+              f"got {args.total_env_steps}")
+    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps,
+                                                                args.buffer_size // spec.horizon * spec.horizon):
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
+              f"got {args.learning_starts}")
+    if ckpt and args.total_env_steps // steps_per_epoch <= ckpt["epoch"]:
+        error(f"{args.resume} has already trained for {ckpt['epoch'] * steps_per_epoch} env steps; "
+              f"give a larger --total-env-steps to continue it")
+    return args, ckpt
+
+
+def env_defaults(env_id):
+    """The paper's value of each flag whose default depends on the env (--checkpoint-every follows --eval-every)."""
+    spec = envs.ENV_SPECS[env_id]
+    return {"skill_dim": SKILL_DIMS[env_id], "discrete": env_id in DISCRETE_ENVS,
+            "total_env_steps": spec.total_env_steps, "num_envs": spec.num_envs,
+            "grad_steps_per_epoch": spec.grad_steps_per_epoch, "buffer_size": spec.buffer_size,
+            "eval_every": spec.eval_every}
+
+
+def in_range(value, interval):
+    """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
+    low, high = (float(end) for end in interval[1:-1].split(","))
+    above = low <= value if interval[0] == "[" else low < value
+    below = value <= high if interval[-1] == "]" else value < high
+    return above and below  # both False for NaN
 
 
 def load_checkpoint(path):
@@ -998,6 +724,440 @@ def load_checkpoint(path):
     if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
         error(f"{path} was written by another version of {AGENT}.py")
     return ckpt
+
+
+# ---------------------------------------------------------------- start-up
+def start_run(args, ckpt):
+    """The run's folder (a resumed run goes on in its checkpoint's, whatever the working directory), Ctrl-C as one
+    line naming the checkpoint to resume from, W&B with --track, TensorBoard, and one line with the values of the
+    flags that depend on the env. Returns the run's name, folder, checkpoint path and TensorBoard writer."""
+    run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+    signal.signal(signal.SIGINT, lambda *_: error(f"interrupted; {resume_hint(checkpoint_path)}"))  # writes are atomic
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
+    # TensorBoard writes from a thread: a failed write (a full disk) is raised again at the next add_scalar, and
+    # ends the run with one line there; its thread stays quiet
+    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters",
+                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    spec = envs.ENV_SPECS[args.env_id]
+    print(f"{args.env_id} (horizon {spec.horizon}): "
+          + ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}"
+                      for flag in (*env_defaults(args.env_id), "checkpoint_every"))
+          + (" (the run's own)" if ckpt else " (a flag not given takes the paper's value for the env)"), flush=True)
+    return run_name, run_dir, checkpoint_path, writer
+
+
+def num_video_skills(args):
+    """How many evaluation rollouts the --capture-video video shows side by side (0 without it)."""
+    return min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
+
+
+def make_envs(args):
+    """The training envs (one trajectory each per epoch) and the evaluation envs (one rollout each), seeded.
+
+    Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
+    env never resets on its own, so the observation after the last step is the final one (never a reset one). A
+    pixel world that cannot render ends the run with one line."""
+    videos = num_video_skills(args)
+    try:  # a pixel world makes its render context at its first frame: the first reset
+        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)],
+                                              autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        eval_envs = gym.vector.SyncVectorEnv([
+            lambda i=i: envs.make_env(args.env_id, "rgb_array" if i < videos else None)
+            for i in range(args.num_eval_skills)], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        train_envs.reset(seed=args.seed)
+        eval_envs.reset(seed=args.seed + 10_000)
+        if args.capture_video:
+            eval_envs.envs[0].render()  # fail now, not at the first evaluation
+    except envs.RenderUnavailable as e:
+        error(e)
+    return train_envs, eval_envs
+
+
+def free_memory(device):
+    """Bytes of memory free now: the GPU's, or the host's (MemAvailable); inf where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return math.inf
+
+
+def check_memory(args, observation_space, action_dim, horizon, frame_stack, device):
+    """Refuse, before anything is allocated, a run that cannot fit in the memory free now, with what it needs.
+    Lower bounds: the replay buffer in host memory (with --buffer-on-device, on the device); on the device, the
+    hidden-by-hidden weights of φ, Q1, Q2 and π with their gradients and Adam's two moments plus Q's two targets,
+    and one batch of float observations and 8 hidden activations per transition."""
+    frame_bytes = math.prod(observation_space.shape) // frame_stack * observation_space.dtype.itemsize
+    trajectories = args.buffer_size // horizon
+    host = {"the replay buffer (--buffer-size)":
+            trajectories * ((horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim))}
+    on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2),
+                 "one batch (--batch-size)": 4 * args.batch_size * (2 * math.prod(observation_space.shape)
+                                                                    + 8 * args.hidden_dim)}
+    if args.buffer_on_device:
+        host, on_device = {}, {**host, **on_device}
+    places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
+    for place, parts in places.items():
+        free = free_memory(device if place == "GPU" else torch.device("cpu"))
+        if sum(parts.values()) > free:
+            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: "
+                  + ", ".join(f"{name} {size / 2**30:,.1f}" for name, size in parts.items())
+                  + f"; {free / 2**30:,.1f} GiB is free")
+
+
+def compiled(enabled, device, *functions):
+    """With --compile, the functions torch.compiled (forward and backward); without, the functions themselves. On a
+    CPU, eager's random draws, so that only the float rounding differs (the equality test); on a GPU, inductor's
+    own, fused into the kernels (the fallback is its slow debugging mode)."""
+    if not enabled:
+        return functions
+    torch._inductor.config.fallback_random = device.type == "cpu"
+    return tuple(map(torch.compile, functions))
+
+
+# ---------------------------------------------------------------- checkpoints
+def restore_checkpoint(ckpt, args, run_dir, modules, log_alpha, log_lam, rb, rng, eval_rng, eval_generator, env_list,
+                       device):
+    """Put a checkpoint's state back: every network and optimizer (with the Adam --compile asks for now, not the
+    saved one), log α and log λ, the replay buffer, every RNG stream and the envs'. Drops the evaluations logged
+    after it (the run redoes them). Returns (epoch, gradient steps, wall time, the window since the last evaluation).
+    The state of another version of this script ends the run with one line."""
+    try:
+        for name, module in modules.items():
+            module.load_state_dict(ckpt[name])
+            if isinstance(module, torch.optim.Optimizer):
+                for group in module.param_groups:
+                    group.update(fused=args.compile, foreach=not args.compile)
+        with torch.no_grad():
+            log_alpha.copy_(ckpt["log_alpha"])
+            log_lam.copy_(ckpt["log_lam"])
+        rb.load_state_dict(ckpt["buffer"])
+        epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
+        torch.set_rng_state(ckpt["torch_rng"])
+        if device.type == "cuda" and ckpt["cuda_rng"] is not None:
+            restore_cuda_rng(ckpt["cuda_rng"])
+        eval_generator.set_state(ckpt["eval_torch_rng"])
+        rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
+        for env, state in zip(env_list, ckpt["env_rngs"]):
+            env.unwrapped.np_random.bit_generator.state = state
+        window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
+        stats = window["stats"]
+        if stats and torch.is_tensor(stats[0]):  # written before the stats had names: vectors in update's order
+            names = ("phi_loss", "qf_loss", "actor_loss", "alpha_loss", "reward", "batch_constraint", "alpha") + (
+                ("logsumexp",) if args.repr_loss == "contrastive" else ("lambda_loss", "lambda"))
+            stats = [dict(zip(names, means)) for means in stats]
+        since_eval = {**window, "stats": [{name: value.to(device) for name, value in means.items()} for means in stats],
+                      "start": time.time() - window["start"]}
+    except (KeyError, RuntimeError, ValueError) as e:  # the state of another version of this script
+        error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
+    # evaluations logged after this checkpoint (the run stopped before writing its next one) are done again
+    truncate_log(os.path.join(run_dir, "eval.jsonl"), epoch)
+    steps_per_epoch = args.num_envs * envs.ENV_SPECS[args.env_id].horizon
+    print(f"resumed {ckpt['run_name']} at epoch {epoch} ({epoch * steps_per_epoch:,} env steps)")
+    return epoch, grad_steps, wall_time, since_eval
+
+
+def restore_cuda_rng(states):
+    """Restore a checkpoint's CUDA RNG states on the GPUs this machine sees: a run resumed where fewer GPUs are
+    visible than where it was written sets the ones it has (torch.cuda.set_rng_state_all would raise IndexError)."""
+    for index, state in enumerate(states[: torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(state, index)
+
+
+def truncate_log(log_path, last_epoch):
+    """Keep the evaluations of eval.jsonl up to `last_epoch` (a resumed run does the later ones again), rewritten
+    atomically. Blank lines and a torn last line (a crash while it was written) are dropped, the latter with a
+    warning; any other line that is not an evaluation ends the run with one line."""
+    if not os.path.isfile(log_path):
+        return
+    with open(log_path) as f:
+        lines = [line.rstrip("\n") for line in f if line.strip()]
+    kept = []
+    for number, line in enumerate(lines, 1):
+        try:
+            epoch = json.loads(line)["epoch"]
+        except (ValueError, KeyError, TypeError):
+            if number < len(lines):
+                error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
+            print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
+            continue
+        if epoch <= last_epoch:
+            kept.append(line + "\n")
+    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text("".join(kept)),
+                     resume_hint(os.path.join(os.path.dirname(log_path), "checkpoint.pt")))
+
+
+def save_checkpoint(path, args, run_name, epoch, grad_steps, wall_time, since_eval, modules, log_alpha, log_lam, rb,
+                    rng, eval_rng, eval_generator, env_list, device):
+    """Write everything a resumed run needs to go on exactly as this one would, atomically: a crash, a kill or a full
+    disk mid-write leaves the previous checkpoint intact. A network or optimizer holding NaN or inf is never saved as
+    good: the run ends with one line instead."""
+    state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
+             "wall_time": wall_time, "log_alpha": log_alpha.detach().cpu(), "log_lam": log_lam.detach().cpu(),
+             "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(),
+             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+             "numpy_rng": rng.bit_generator.state, "eval_numpy_rng": eval_rng.bit_generator.state,
+             "eval_torch_rng": eval_generator.get_state(),
+             "env_rngs": [env.unwrapped.np_random.bit_generator.state for env in env_list],
+             "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
+             **{name: module.state_dict() for name, module in modules.items()}}
+    diverged = non_finite({name: state[name] for name in modules})
+    if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite
+        error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
+              f"{resume_hint(path)}")
+    write_atomically(path, lambda temporary: torch.save(state, temporary), resume_hint(path))
+
+
+def non_finite(state, prefix=""):
+    """The names of the float tensors holding NaN or inf in a (nested) state dict, such as
+    "actor_optimizer.state.0.exp_avg_sq"."""
+    if torch.is_tensor(state):
+        return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
+    if isinstance(state, dict):
+        return [name for key, value in state.items() for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
+    if isinstance(state, (list, tuple)):
+        return [name for i, value in enumerate(state) for name in non_finite(value, f"{prefix}.{i}")]
+    return []
+
+
+# ---------------------------------------------------------------- evaluation (official iod/metra.py: _evaluate_policy)
+@torch.no_grad()
+@record_function("evaluation")
+def evaluate(epoch, grad_steps, wall_time, stats, args, actor, phi, log_lam, rb, eval_envs, eval_rng, eval_generator,
+             device, run_dir, writer):
+    """Deterministic rollouts → coverage, skill plot, E‖Δφ‖², the mean constraint term, λ, one line of eval.jsonl with
+    `stats` (the means since the previous evaluation); with --capture-video, a video of the first few rollouts; with
+    --save-repr-stats, the replay transitions' Δφ (repr_stats)."""
+    spec = envs.ENV_SPECS[args.env_id]
+    contrastive = args.repr_loss == "contrastive"
+    skills = eval_skills(args.num_eval_skills, args.skill_dim, args.discrete, eval_generator)
+    coordinates, frames, videos = [], [], num_video_skills(args)
+
+    def record(info):  # the state after reset and after every step
+        coordinates.append(info["coordinates"])
+        if videos:
+            frames.append(np.concatenate([eval_envs.envs[i].render() for i in range(videos)], 1))
+
+    obs, info = eval_envs.reset()
+    skills_on_device = skills.to(device)
+    record(info)
+    for _ in range(spec.horizon):
+        action = actor.mode(torch.as_tensor(obs, device=device), skills_on_device)
+        obs, _, _, _, info = eval_envs.step(finite(action, epoch))
+        record(info)
+    paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
+    env_steps = epoch * args.num_envs * spec.horizon
+    result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps, "wall_time": round(wall_time, 2),
+              "coverage": envs.coverage(paths, args.env_id)}
+    if rb.size > 0:  # E‖φ(s') - φ(s)‖² and the mean constraint term over replay transitions
+        n = min(NUM_DPHI_SAMPLES, rb.size)  # in chunks that fit in memory with pixels
+        batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))  # one at a time
+        pairs = [(phi(b["next_obs"]) - phi(b["obs"]), b["skill"]) for b in batches]
+        dphi, skill = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+        result["dphi_sq"] = dphi.pow(2).sum(-1).mean().item()
+        result["constraint"] = constraint(dphi, args.dual_slack, args.constraint_norm).mean().item()
+        if args.save_repr_stats:
+            np.savez_compressed(os.path.join(run_dir, f"repr_stats_{env_steps:010d}.npz"),
+                                **repr_stats(dphi, skill_weights(skill, args.discrete)), skill=skill.cpu().numpy(),
+                                discrete=args.discrete, env_id=args.env_id, env_steps=env_steps,
+                                repr_loss=args.repr_loss, constraint_norm=args.constraint_norm)
+    result.update(stats)
+    if not contrastive:
+        result["lambda"] = log_lam.exp().item()  # the current λ, not its mean since the last evaluation
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    # every file whole or not at all: a full disk or a read-only folder ends the run with one line
+    hint = resume_hint(os.path.join(run_dir, "checkpoint.pt"))
+    fig = plot_skills(paths, skill_colors(skills.numpy(), args.discrete),
+                      f"{'METRA-C' if contrastive else 'METRA'} {args.env_id}, {env_steps:,} env steps, "
+                      f"coverage {result['coverage']}", args.env_id)
+    write_atomically(os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
+                     lambda temporary: fig.savefig(temporary, dpi=100), hint)
+    plt.close(fig)
+    if frames:
+        import imageio
+
+        os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
+        write_atomically(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"),
+                         lambda temporary: imageio.mimsave(temporary, frames, fps=20), hint)
+    for key in ("coverage", "dphi_sq", "constraint", "lambda"):
+        if key in result:
+            writer.add_scalar(f"eval/{key}", result[key], env_steps)
+    log_path = os.path.join(run_dir, "eval.jsonl")
+    logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
+    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text(
+        logged + json.dumps(result) + "\n"), hint)
+    shown = ("dphi_sq", "constraint", "lambda", *(k for k in stats if k != "lambda"))
+    print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | " + " | ".join(
+        f"{k} {result[k]:.4g}" for k in shown if k in result), flush=True)
+
+
+def eval_skills(n, skill_dim, discrete, generator):
+    """The n evaluation skills: fresh prior draws, or the K one-hots split evenly (n // K each, the remainder to the
+    lowest indices, as the official iod/metra.py: _evaluate_policy splits them)."""
+    if discrete:
+        return F.one_hot((torch.arange(n) % skill_dim).sort().values, skill_dim).float()
+    return sample_skills(n, skill_dim, generator=generator)
+
+
+def repr_stats(dphi, weights):
+    """The samples behind the paper's Figure 2 (§6.2): Δφ, the skill vector w, Δφ - w and Δφ/‖Δφ‖, as NumPy arrays."""
+    dphi, weights = dphi.detach().cpu().double(), weights.detach().cpu().double()
+    norm = dphi.norm(dim=-1, keepdim=True)
+    return {"dphi": dphi.numpy(), "z": weights.numpy(), "dphi_minus_z": (dphi - weights).numpy(),
+            "dphi_unit": (dphi / norm.clamp_min(1e-12)).numpy(), "dphi_sq": norm.squeeze(-1).pow(2).numpy()}
+
+
+def skill_colors(skills, discrete):
+    """One colour per skill: by index for one-hot skills, by the angle of (z_0, z_1) otherwise (by the sign of z for
+    d = 1)."""
+    if discrete:
+        return plt.cm.hsv(skills.argmax(-1) / skills.shape[-1])
+    angle = np.arctan2(skills[:, 1], skills[:, 0]) if skills.shape[-1] > 1 else np.pi * (skills[:, 0] > 0)
+    return plt.cm.hsv((angle + np.pi) / (2 * np.pi))
+
+
+def plot_skills(coordinates, colors, title, env_id):
+    """The evaluation trajectories, one colour per skill."""
+    fig, ax = plt.subplots(figsize=(5, 5))
+    envs.draw_coordinates(ax, coordinates, colors, env_id)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- stats, logging and the end of a run
+def new_window():
+    """What happened since the last evaluation: the means and speeds the next one reports. `stats` holds one dict of
+    named means per epoch that trained."""
+    return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
+
+
+def stack_stats(stats):
+    """A list of dicts of named 0-dim tensors (one per gradient step, or per epoch) → the names, and the values as one
+    (len(stats), names) tensor, whose mean(0) is each stat's mean."""
+    names = list(stats[0])
+    return names, torch.stack([torch.stack([entry[name] for name in names]) for entry in stats])
+
+
+def window_stats(window):
+    """What the next evaluation reports of the window since the previous one: each stat's mean over the epochs that
+    trained, the env steps per second and the milliseconds per gradient step."""
+    stats = {}
+    if window["stats"]:
+        names, per_epoch = stack_stats(window["stats"])
+        stats = dict(zip(names, per_epoch.mean(0).tolist()))
+    elapsed = time.time() - window["start"]
+    if window["env_steps"]:
+        stats["sps"] = window["env_steps"] / elapsed
+    if window["grad_steps"]:
+        stats["ms_per_grad_step"] = 1000 * window["train_time"] / window["grad_steps"]
+    return stats
+
+
+def stop_at_a_non_finite_loss(names, per_step, grad_steps, epoch, hint):
+    """End the run with one line naming the first loss (a stat named *_loss) that is NaN or inf in this epoch's
+    steps, and its gradient step. per_step: (steps, names); grad_steps: the steps taken before this epoch's."""
+    losses = [i for i, name in enumerate(names) if name.endswith("_loss")]
+    bad = ~torch.isfinite(torch.stack([per_step[:, i] for i in losses], 1))  # (steps, losses)
+    if bad.any():
+        step, which = bad.nonzero()[0].tolist()
+        loss = losses[which]
+        error(f"{names[loss]} is {per_step[step, loss].item()} at gradient step {grad_steps + step + 1} "
+              f"(epoch {epoch}); {hint}")
+
+
+def finite(action, epoch):
+    """The policy's action as a numpy array for the envs, which refuse NaN and inf: if it has one, the networks
+    diverged in the last update (a NaN loss would show at the next), and the run ends with one line."""
+    action = action.cpu().numpy()
+    if not np.isfinite(action).all():
+        error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
+    return action
+
+
+def record_epoch(window, stats, steps, train_time, writer, env_steps):
+    """Add an epoch's `steps` gradient steps to the window (`stats`: each stat's mean over them) and to TensorBoard."""
+    window["stats"].append(stats)
+    window["grad_steps"] += steps
+    window["train_time"] += train_time
+    for name, value in floats(stats).items():
+        writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
+
+
+def log_epoch(writer, epoch, env_steps, grad_steps, steps_this_segment, seconds_this_segment, window):
+    """TensorBoard's speed and gradient steps after each epoch; every 10 epochs, one line with the last stats."""
+    sps = int(steps_this_segment / seconds_this_segment)
+    writer.add_scalar("charts/SPS", sps, env_steps)
+    writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
+    if (epoch + 1) % 10 == 0:
+        last = floats(window["stats"][-1]) if window["stats"] else {}
+        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | "
+              + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
+
+
+def floats(stats):
+    """Named 0-dim tensors as Python floats, read from the device at once."""
+    names, values = stack_stats([stats])
+    return dict(zip(names, values[0].tolist()))
+
+
+def finish_run(args, run_dir, writer, *vector_envs):
+    """Close the envs and the logs; Ctrl-C as before the run."""
+    for vector_env in vector_envs:
+        vector_env.close()
+    writer.close()
+    if args.track:
+        import wandb
+
+        wandb.finish()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    print(f"done: {run_dir}")
+
+
+# ---------------------------------------------------------------- failures and files
+def error(message):
+    """End the run with one line on stderr, no traceback."""
+    sys.exit(f"metra.py: error: {message}")
+
+
+def resume_hint(checkpoint_path):
+    """What a stopped run can be resumed from."""
+    if os.path.isfile(checkpoint_path):
+        return f"resume with --resume {checkpoint_path}"
+    return "no checkpoint was written yet"
+
+
+def write_atomically(path, write, hint):
+    """Write `path` by `write(temporary path)`, then rename it into place: a write that fails (a full disk, a
+    read-only folder) leaves the earlier file whole and no temporary behind, and ends the run with one line."""
+    root, extension = os.path.splitext(path)
+    temporary = f"{root}.tmp{extension}"  # the extension tells savefig and imageio the format
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    except BaseException as e:  # a failed write, or Ctrl-C or an error mid-write: no temporary left behind
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a failed write as a RuntimeError
+            raise
+        if isinstance(e, OSError):
+            reason = e.strerror or str(e)
+        elif "unexpected pos" in str(e) or "write failed" in str(e):
+            reason = "the write was cut short: is the disk full?"
+        else:
+            reason = " ".join(str(e).split())[:120]
+        error(f"cannot write {path} ({reason}); {hint}")
 
 
 if __name__ == "__main__":

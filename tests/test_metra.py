@@ -107,15 +107,15 @@ def test_evaluation_splits_the_rollouts_over_the_k_skills(n, k, counts):
 
 def test_sac_target_and_losses_on_a_hand_case():
     reward, alpha, gamma = torch.tensor([1.0, 0.5]), 0.1, 0.99
-    next_q1, next_q2, next_log_prob = torch.tensor([2.0, 3.0]), torch.tensor([4.0, 1.0]), torch.tensor([-1.0, 2.0])
+    next_q, next_log_prob = torch.tensor([[2.0, 3.0], [4.0, 1.0]]), torch.tensor([-1.0, 2.0])  # (critics, batch)
     # y = r + γ (min(Q̄1, Q̄2) - α log π): 1 + 0.99 (2 + 0.1), 0.5 + 0.99 (1 - 0.2); never terminal
-    y = metra.critic_target(reward, next_q1, next_q2, next_log_prob, alpha, gamma)
+    y = metra.critic_target(reward, next_q, next_log_prob, alpha, gamma)
     assert y.tolist() == pytest.approx([1 + 0.99 * 2.1, 0.5 + 0.99 * 0.8], rel=1e-6)
     # 0.5 MSE per Q, summed: 0.5 mean(0, 1) + 0.5 mean(1, 1)
-    loss = metra.critic_loss(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]))
+    loss = metra.critic_loss(torch.tensor([[1.0, 2.0], [0.0, 0.0]]), torch.tensor([1.0, 1.0]))
     assert loss.item() == pytest.approx(0.75)
     # mean(α log π - min Q) = mean(-0.1 - 2, 0.2 - 1)
-    assert metra.actor_loss(next_log_prob, next_q1, next_q2, alpha).item() == pytest.approx(-1.45, rel=1e-6)
+    assert metra.actor_loss(next_log_prob, next_q, alpha).item() == pytest.approx(-1.45, rel=1e-6)
     log_alpha = torch.tensor(math.log(0.01))
     assert metra.temperature_loss(log_alpha, torch.tensor([-1.0, 2.0]), -4.0).item() == pytest.approx(
         -math.log(0.01) * ((-1 - 4) + (2 - 4)) / 2, rel=1e-6)
