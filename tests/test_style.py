@@ -52,7 +52,7 @@ def test_no_reference_to_a_document_outside_the_repository():
                              text=True, check=True).stdout.split()
     assert "csf.py" in tracked and "README.md" in tracked
     found = []
-    for path in tracked:
+    for path in set(tracked) - {"tests/test_style.py"}:  # the one file that names them, in OUTSIDE_DOCUMENTS
         with open(os.path.join(ROOT, path), encoding="utf-8") as f:
             found += [f"{path}:{number}" for number, line in enumerate(f, 1) if OUTSIDE_DOCUMENTS.search(line)]
     assert not found, found
@@ -75,10 +75,10 @@ def test_main_is_the_training_loop_between_the_algorithm_and_the_infrastructure(
 def test_update_returns_its_stats_by_name(script):
     (update,) = [inner for inner in nested_functions(function(script, "main")) if inner.name == "update"]
     returns = [node.value for node in ast.walk(update) if isinstance(node, ast.Return)]
-    assert returns and all(isinstance(value, ast.Dict) for value in returns)
-    for value in returns:
-        keys = [key.value for key in value.keys]
-        assert any(key.endswith("_loss") for key in keys), keys
+    assert returns and all(isinstance(value, (ast.Dict, ast.DictComp)) for value in returns)
+    names = [key.value for node in ast.walk(update) if isinstance(node, ast.Dict) for key in node.keys
+             if isinstance(key, ast.Constant)]
+    assert any(name.endswith("_loss") for name in names), names
 
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)
