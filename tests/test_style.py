@@ -8,6 +8,7 @@ import ast
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 from conftest import AGENTS, name
@@ -94,3 +95,33 @@ def test_start_up_prints_the_flags_resolved_from_the_env(agent, tmp_path, capsys
     assert {"total_env_steps", "eval_every", "buffer_size", "num_envs"} <= set(resolved)
     for flag in resolved:
         assert f"--{flag.replace('_', '-')} {getattr(args, flag)}" in printed, (flag, printed)
+
+
+def names_read_before_main_assigns_them(script):
+    """(function, name, line) for each name a function nested in `main` reads that `main` first assigns after it."""
+    main = function(script, "main")
+    nested = nested_functions(main)
+    inside = {id(node) for inner in nested for node in ast.walk(inner)}
+    first_assigned = {}
+    for node in ast.walk(main):
+        if id(node) not in inside and isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            first_assigned[node.id] = min(node.lineno, first_assigned.get(node.id, node.lineno))
+    late = []
+    for inner in nested:
+        own = {arg.arg for arg in ast.walk(inner.args) if isinstance(arg, ast.arg)}
+        own |= {node.id for node in ast.walk(inner) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+        late += sorted({(inner.name, node.id, first_assigned[node.id]) for node in ast.walk(inner)
+                        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in own
+                        and first_assigned.get(node.id, 0) > inner.lineno})
+    return late
+
+
+def test_a_late_name_is_found(tmp_path, monkeypatch):
+    (tmp_path / "late.py").write_text("def main():\n    a = 1\n    def update():\n        return a + b\n    b = 2\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", str(tmp_path))  # tree() reads from ROOT
+    assert names_read_before_main_assigns_them("late.py") == [("update", "b", 5)]
+
+
+@pytest.mark.parametrize("script", [f"{name(agent)}.py" for agent in AGENTS] + ["hierarchical.py"])
+def test_no_closure_reads_a_name_main_assigns_after_it(script):
+    assert names_read_before_main_assigns_them(script) == []
