@@ -38,6 +38,7 @@ then the infrastructure main calls (the command line, start-up, checkpoints, eva
 """
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -48,6 +49,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
@@ -104,6 +106,9 @@ class Args:
     """path of a checkpoint.pt to continue from; the run keeps its directory, seed and RNG streams"""
     cuda: bool = True
     """use the GPU when torch sees one"""
+    parallel_envs: bool = True
+    """step the training and the evaluation envs in worker processes, at most one per core, each stepping several;
+    --no-parallel-envs steps them one by one in this process (the same numbers either way)"""
     buffer_on_device: bool = False
     """keep the replay buffer in the training device's memory and draw the batches there, so a gradient step copies
     nothing from the host (a 300k-transition pixel buffer takes 3.7 GB); the draws are torch's, not the host
@@ -129,8 +134,11 @@ class Args:
     alpha: float = 0.1
     """entropy temperature α, fixed (the official DADS scripts freeze it at 0.1)"""
     compile: bool = False
-    """torch.compile the three losses (forward and backward) and fuse each Adam step (same numbers as eager up to
-    float rounding)"""
+    """torch.compile the whole gradient step as one function: every loss, its backward and Adam step, and the Polyak
+    step. Same numbers as eager up to float rounding; meant for a GPU"""
+    cudagraphs: bool = False
+    """on a GPU, record the whole gradient step once as a CUDA graph and replay it, one launch per step (with or
+    without --compile); a CPU runs the step without graphs, and says so"""
 
 
 # Every numeric flag and the values that mean something ("[" closed end, "(" open end); NaN is never inside.
@@ -142,8 +150,9 @@ FLAG_RANGES = {
     "lr": "(0, inf)", "alpha": "[0, inf)",
 }
 # What --resume may change: neither the learning problem nor the random streams depend on these.
-RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "buffer_on_device",
-                     "track", "wandb_project_name", "wandb_entity", "capture_video", "compile")
+RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
+                     "buffer_on_device", "track", "wandb_project_name", "wandb_entity", "capture_video", "compile",
+                     "cudagraphs")
 
 
 # ======================================================================================================================
@@ -186,8 +195,6 @@ def critic_target(reward, next_q, next_log_prob, alpha, gamma):
 
 
 # ---------------------------------------------------------------- the losses of one gradient step (iod/dads.py)
-# Each is a function of the networks and the batch alone, so that --compile can compile it (forward and backward);
-# the optimizer steps between them stay eager (main's `update`).
 def model_objective(model, obs, next_obs, skill):
     """L(q) = -E[log q(Δ | s, z)], both batch norms in training mode (batch statistics; their running statistics
     move)."""
@@ -446,9 +453,7 @@ def main(args, ckpt=None):
     for net, target in zip(qf, qf_target):
         target.load_state_dict(net.state_dict())
     actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
-    # --compile: fused, one kernel per optimizer step, equal up to rounding. Eager: foreach, the numbers of the
-    # per-tensor loop bit for bit in fewer, larger calls (the default on a GPU; on a CPU, faster than the loop)
-    adam = {"lr": args.lr, "fused": args.compile, "foreach": not args.compile}
+    adam = adam_options(args, device)  # foreach Adam; fused under --cudagraphs alone
     model_optimizer = torch.optim.Adam(model.trained_parameters(), **adam)  # not BN_in's affine parameters
     qf_params = [param for net in qf for param in net.parameters()]
     qf_target_params = [param for net in qf_target for param in net.parameters()]
@@ -463,12 +468,9 @@ def main(args, ckpt=None):
     start_epoch, grad_steps, wall_time, since_eval = 0, 0, 0.0, new_window()
     if ckpt:
         start_epoch, grad_steps, wall_time, since_eval = restore_checkpoint(
-            ckpt, args, run_dir, modules, rb, rng, eval_rng, eval_generator, train_envs.envs + eval_envs.envs, device)
+            ckpt, args, run_dir, modules, rb, rng, eval_rng, eval_generator, (train_envs, eval_envs), device)
 
     # ------------------------------------------------------------ one gradient step (the official iod/dads.py)
-    model_loss_of, qf_loss_of, actor_loss_of = compiled(args.compile, device, model_objective, qf_objective,
-                                                        actor_objective)  # themselves, without --compile
-
     def update(batch):
         """One gradient step on one minibatch (the official iod/dads.py): the skill dynamics on its negative
         log-likelihood; the rewards from the model just updated; Q on its TD target; π on min_k Q_k - α log π, α
@@ -476,18 +478,18 @@ def main(args, ckpt=None):
         waits for the host."""
         obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
         with record_function("model step"):  # the skill dynamics, then the rewards of the model just updated
-            model_loss = model_loss_of(model, obs, next_obs, skill)
+            model_loss = model_objective(model, obs, next_obs, skill)
             model_optimizer.zero_grad()
             model_loss.backward()
             model_optimizer.step()
             reward = skill_dynamics_reward(model, obs, next_obs, skill, args.num_alternatives)
         with record_function("qf step"):
-            qf_loss = qf_loss_of(qf, qf_target, actor, obs, action, next_obs, skill, reward, args.alpha, args.gamma)
+            qf_loss = qf_objective(qf, qf_target, actor, obs, action, next_obs, skill, reward, args.alpha, args.gamma)
             qf_optimizer.zero_grad()
             qf_loss.backward()
             qf_optimizer.step()
         with record_function("actor step"), frozen(qf):  # the gradient flows through Q to the action, not into Q
-            actor_loss = actor_loss_of(actor, qf, obs, skill, args.alpha)
+            actor_loss = actor_objective(actor, qf, obs, skill, args.alpha)
             actor_optimizer.zero_grad()
             actor_loss.backward()
             actor_optimizer.step()
@@ -495,6 +497,8 @@ def main(args, ckpt=None):
             torch._foreach_lerp_(qf_target_params, qf_params, args.tau)
         return {"model_loss": model_loss.detach(), "qf_loss": qf_loss.detach(), "actor_loss": actor_loss.detach(),
                 "log_likelihood": -model_loss.detach(), "reward": reward.mean()}
+
+    update = fast_path(update, args, device)  # --compile, --cudagraphs; without them, `update` itself
 
     # ------------------------------------------------------------ the loop: evaluate, collect, update
     segment_start = time.time()
@@ -506,7 +510,7 @@ def main(args, ckpt=None):
             since_eval = new_window()
         if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
             save_checkpoint(checkpoint_path, args, run_name, epoch, grad_steps, wall_time + time.time() - segment_start,
-                            since_eval, modules, rb, rng, eval_rng, eval_generator, train_envs.envs + eval_envs.envs,
+                            since_eval, modules, rb, rng, eval_rng, eval_generator, (train_envs, eval_envs),
                             device)
         if epoch == num_epochs:
             break
@@ -659,22 +663,16 @@ def num_video_skills(args):
 
 
 def make_envs(args):
-    """The training envs (one trajectory each per epoch) and the evaluation envs (one rollout each), seeded.
+    """The training envs (one trajectory each per epoch) and the evaluation envs (one rollout each), seeded, in
+    worker processes unless --no-parallel-envs.
 
     Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
     env never resets on its own, so the observation after the last step is the final one (never a reset one). A
     pixel world that cannot render ends the run with one line."""
-    videos = num_video_skills(args)
     try:  # a pixel world makes its render context at its first frame: the first reset
-        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_env(args.env_id) for _ in range(args.num_envs)],
-                                              autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-        eval_envs = gym.vector.SyncVectorEnv([
-            lambda i=i: envs.make_env(args.env_id, "rgb_array" if i < videos else None)
-            for i in range(args.num_eval_skills)], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-        train_envs.reset(seed=args.seed)
-        eval_envs.reset(seed=args.seed + 10_000)
-        if args.capture_video:
-            eval_envs.envs[0].render()  # fail now, not at the first evaluation
+        train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
+                                               args.num_eval_skills, args.seed, num_video_skills(args),
+                                               args.parallel_envs)
     except envs.RenderUnavailable as e:
         error(e)
     return train_envs, eval_envs
@@ -714,19 +712,65 @@ def check_memory(args, observation_space, action_dim, horizon, frame_stack, devi
                   + f"; {free / 2**30:,.1f} GiB is free")
 
 
-def compiled(enabled, device, *functions):
-    """With --compile, the functions torch.compiled (forward and backward); without, the functions themselves. On a
-    CPU, eager's random draws, so that only the float rounding differs (the equality test); on a GPU, inductor's
-    own, fused into the kernels (the fallback is its slow debugging mode)."""
-    if not enabled:
-        return functions
-    torch._inductor.config.fallback_random = device.type == "cpu"
-    return tuple(map(torch.compile, functions))
+def adam_options(args, device):
+    """Eager: foreach Adam, the per-tensor loop's numbers bit for bit in fewer calls. --compile: the same foreach Adam,
+    which torch.compile traces and fuses. --cudagraphs alone: fused Adam, one kernel per optimizer step. Under a CUDA
+    graph, capturable (the step counts on the GPU, so that each replay advances them)."""
+    fused = args.cudagraphs and not args.compile
+    capturable = args.cudagraphs and device.type == "cuda"
+    return {"lr": args.lr, "fused": fused, "foreach": not fused, "capturable": capturable}
+
+
+def fast_path(update, args, device):
+    """The gradient step that --compile and --cudagraphs ask for: torch.compile'd as one function, and on a GPU
+    replayed as one CUDA graph. On a CPU, --compile keeps eager's random draws, so that only the float rounding
+    differs (the equality test); on a GPU, inductor's own, fused into the kernels."""
+    if args.compile:
+        torch._inductor.config.fallback_random = device.type == "cpu"
+        update = torch.compile(update)
+    if args.cudagraphs and device.type != "cuda":
+        print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them", flush=True)
+    elif args.cudagraphs:
+        update = CudaGraphStep(update)
+    return update
+
+
+class CudaGraphStep:
+    """A gradient step `step(batch) -> stats` replayed as one CUDA graph (--cudagraphs).
+
+    The first WARMUP calls run the step as it is, on a side stream as capture requires (they are real steps; they
+    also compile it under --compile). The next call records the step on a static copy of the batch, and from then on
+    every call copies its batch there and replays the graph: one launch for all of the step's kernels, the random
+    draws included. The stats are copied out of the graph's memory, which the next replay overwrites."""
+
+    WARMUP = 3
+
+    def __init__(self, step):
+        self.step, self.calls, self.graph = step, 0, None
+
+    def __call__(self, batch):
+        if self.calls < self.WARMUP:
+            self.calls += 1
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")
+                stats = self.step(batch)
+            torch.cuda.current_stream().wait_stream(side)
+            return stats
+        if self.graph is None:
+            self.batch, self.graph = {key: value.clone() for key, value in batch.items()}, torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.stats = self.step(self.batch)
+        for key, value in batch.items():
+            self.batch[key].copy_(value)
+        self.graph.replay()
+        return {name: value.clone() for name, value in self.stats.items()}
 
 
 # ---------------------------------------------------------------- checkpoints
-def restore_checkpoint(ckpt, args, run_dir, modules, rb, rng, eval_rng, eval_generator, env_list, device):
-    """Put a checkpoint's state back: every network and optimizer (with the Adam --compile asks for now, not the
+def restore_checkpoint(ckpt, args, run_dir, modules, rb, rng, eval_rng, eval_generator, vector_envs, device):
+    """Put a checkpoint's state back: every network and optimizer (with the Adam the speed flags ask for now, not the
     saved one), the replay buffer, every RNG stream and the envs'. Drops the evaluations logged after it
     (the run redoes them). Returns (epoch, gradient steps, wall time, the window since the last evaluation).
     The state of another version of this script ends the run with one line."""
@@ -734,8 +778,7 @@ def restore_checkpoint(ckpt, args, run_dir, modules, rb, rng, eval_rng, eval_gen
         for name, module in modules.items():
             module.load_state_dict(ckpt[name])
             if isinstance(module, torch.optim.Optimizer):
-                for group in module.param_groups:
-                    group.update(fused=args.compile, foreach=not args.compile)
+                use_adam_options(module, adam_options(args, device))
         rb.load_state_dict(ckpt["buffer"])
         epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
         torch.set_rng_state(ckpt["torch_rng"])
@@ -743,8 +786,10 @@ def restore_checkpoint(ckpt, args, run_dir, modules, rb, rng, eval_rng, eval_gen
             restore_cuda_rng(ckpt["cuda_rng"])
         eval_generator.set_state(ckpt["eval_torch_rng"])
         rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
-        for env, state in zip(env_list, ckpt["env_rngs"]):
-            env.unwrapped.np_random.bit_generator.state = state
+        env_rngs = ckpt["env_rngs"]
+        for vector_env in vector_envs:  # the training envs' states, then the evaluation envs'
+            envs.set_env_rng_states(vector_env, env_rngs[:vector_env.num_envs])
+            env_rngs = env_rngs[vector_env.num_envs:]
         window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
         stats = window["stats"]
         if stats and torch.is_tensor(stats[0]):  # written before the stats had names: vectors in update's order
@@ -759,6 +804,17 @@ def restore_checkpoint(ckpt, args, run_dir, modules, rb, rng, eval_rng, eval_gen
     steps_per_epoch = args.num_envs * envs.ENV_SPECS[args.env_id].horizon
     print(f"resumed {ckpt['run_name']} at epoch {epoch} ({epoch * steps_per_epoch:,} env steps)")
     return epoch, grad_steps, wall_time, since_eval
+
+
+def use_adam_options(optimizer, options):
+    """Give a restored optimizer this run's Adam options (the checkpoint's may differ), with its step counts where
+    they must be: on the parameters' device for fused or capturable Adam, on the host otherwise."""
+    for group in optimizer.param_groups:
+        group.update({key: value for key, value in options.items() if key != "lr"})
+        for param in group["params"]:
+            if "step" in optimizer.state.get(param, {}):
+                device = param.device if group["fused"] or group["capturable"] else "cpu"
+                optimizer.state[param]["step"] = optimizer.state[param]["step"].to(device, torch.float32)
 
 
 def restore_cuda_rng(states):
@@ -792,7 +848,7 @@ def truncate_log(log_path, last_epoch):
 
 
 def save_checkpoint(path, args, run_name, epoch, grad_steps, wall_time, since_eval, modules, rb, rng, eval_rng,
-                    eval_generator, env_list, device):
+                    eval_generator, vector_envs, device):
     """Write everything a resumed run needs to go on exactly as this one would, atomically: a crash, a kill or a full
     disk mid-write leaves the previous checkpoint intact. A network or optimizer holding NaN or inf is never saved as
     good: the run ends with one line instead."""
@@ -802,7 +858,7 @@ def save_checkpoint(path, args, run_name, epoch, grad_steps, wall_time, since_ev
              "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
              "numpy_rng": rng.bit_generator.state, "eval_numpy_rng": eval_rng.bit_generator.state,
              "eval_torch_rng": eval_generator.get_state(),
-             "env_rngs": [env.unwrapped.np_random.bit_generator.state for env in env_list],
+             "env_rngs": [state for vector_env in vector_envs for state in envs.env_rng_states(vector_env)],
              "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
              **{name: module.state_dict() for name, module in modules.items()}}
     diverged = non_finite({name: state[name] for name in modules})
@@ -837,7 +893,7 @@ def evaluate(epoch, grad_steps, wall_time, stats, args, actor, eval_envs, eval_g
     def record(info):  # the state after reset and after every step
         coordinates.append(info["coordinates"])
         if videos:
-            frames.append(np.concatenate([eval_envs.envs[i].render() for i in range(videos)], 1))
+            frames.append(np.concatenate(envs.render_envs(eval_envs, range(videos)), 1))
 
     obs, info = eval_envs.reset()
     skills_on_device = skills.to(device)

@@ -49,13 +49,18 @@ Where the worlds depart from the official ones, which ran on MuJoCo 2.2.1 throug
 
 import atexit
 import collections
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
 import functools
 import glob
 import importlib.util
+import multiprocessing
 import os
+import signal
+import threading
+import traceback
 import weakref
 import xml.etree.ElementTree as ET
 
@@ -1177,6 +1182,234 @@ def _register():
 _register()
 
 
+# ---------------------------------------------------------------- vector envs in worker processes
+
+
+def env_rng_states(vector_env):
+    """Each env's `env.unwrapped.np_random.bit_generator.state`, env by env, of a SyncVectorEnv or a
+    ParallelVectorEnv: what a checkpoint saves."""
+    if isinstance(vector_env, ParallelVectorEnv):
+        return vector_env.rng_states()
+    return [env.unwrapped.np_random.bit_generator.state for env in vector_env.envs]
+
+
+def set_env_rng_states(vector_env, states):
+    """Give each env of a SyncVectorEnv or a ParallelVectorEnv its generator state, as `env_rng_states` read it."""
+    if isinstance(vector_env, ParallelVectorEnv):
+        return vector_env.set_rng_states(states)
+    if len(states) != vector_env.num_envs:
+        raise ValueError(f"{len(states)} generator states for {vector_env.num_envs} envs")
+    for env, state in zip(vector_env.envs, states):
+        env.unwrapped.np_random.bit_generator.state = state
+
+
+def render_envs(vector_env, indices):
+    """The `render()` frames of the envs at `indices` of a SyncVectorEnv or a ParallelVectorEnv; only those draw."""
+    if isinstance(vector_env, ParallelVectorEnv):
+        return vector_env.render(indices)
+    return [vector_env.envs[i].render() for i in indices]
+
+
+def _worker(pipe, env_fns):
+    """A ParallelVectorEnv's worker process, its envs one SyncVectorEnv: answers each command (name, args) with
+    (True, result) or (False, the exception raised), until "close" or until the parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes the workers
+    vector = None
+    commands = {"spaces": lambda: (vector.single_observation_space, vector.single_action_space),
+                "reset": lambda seed, options: vector.reset(seed=seed, options=options),
+                "step": lambda actions: vector.step(actions), "rng_states": lambda: env_rng_states(vector),
+                "set_rng_states": lambda states: set_env_rng_states(vector, states),
+                "render": lambda indices: render_envs(vector, indices)}
+    try:
+        while (message := pipe.recv())[0] != "close":
+            try:
+                if vector is None:  # the first command builds the envs
+                    vector = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+                pipe.send((True, commands[message[0]](*message[1])))
+            except Exception as err:  # raised again in the parent, with this traceback as a note
+                err.add_note(f"in ParallelVectorEnv worker {os.getpid()}:\n" + "".join(traceback.format_tb(
+                    err.__traceback__)).rstrip())
+                pipe.send((False, err))
+    except (EOFError, OSError):  # the parent is gone (its end of the pipe closed)
+        pass
+    finally:
+        if vector is not None:
+            vector.close()
+
+
+def _stop_workers(processes, pipes):
+    """Ask each worker to close its envs and exit; terminate one still there after 10 s."""
+    for pipe in pipes:
+        with contextlib.suppress(OSError):  # a worker that is gone
+            pipe.send(("close", ()))
+        pipe.close()  # a worker still sending an answer no one reads (after Ctrl-C) stops there
+    for process in processes:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.terminate()
+            process.join()
+
+
+def _concatenate(parts, sizes):
+    """What one SyncVectorEnv over all the envs gives, from the observations or infos of consecutive slices of
+    `sizes` envs: arrays end to end, dicts key by key. A slice without an info key gets what gymnasium gives an
+    env without it: zeros (None in object arrays, False in the key's `_key` mask)."""
+    if not isinstance(parts[0], dict):
+        return np.concatenate(parts)
+    merged = {}
+    for key in dict.fromkeys(key for part in parts for key in part):  # in order of first appearance
+        known = next(part[key] for part in parts if key in part)
+        merged[key] = _concatenate([part[key] if key in part else {} if isinstance(known, dict) else
+                                    np.full((size, *known.shape[1:]), None if known.dtype == object else 0,
+                                            known.dtype) for part, size in zip(parts, sizes)], sizes)
+    return merged
+
+
+class ParallelVectorEnv(gym.vector.VectorEnv):
+    """What gym.vector.SyncVectorEnv(env_fns, autoreset_mode=DISABLED) gives, bit for bit, with the envs stepping in
+    worker processes: contiguous slices of them over `num_workers` processes (None: one per usable core; never more
+    than the envs), each slice one SyncVectorEnv, whose envs of one world share one render context. The workers are
+    spawned, not forked (a render context or CUDA made in the parent would hang a forked worker): `env_fns` must
+    pickle (e.g. functools.partial(make_env, "Ant")), and each worker imports envs.py and, as spawn does, the
+    parent's main script (not what its `if __name__ == "__main__"` runs). An exception in a worker is raised here
+    again, of its type and message; a worker that died raises RuntimeError."""
+
+    def __init__(self, env_fns, num_workers=None):
+        self.num_envs = len(env_fns)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        self.num_workers = num_workers = min(cores if num_workers is None else num_workers, self.num_envs)
+        if num_workers < 1:
+            raise ValueError(f"a ParallelVectorEnv needs envs and workers, got {self.num_envs} envs")
+        bounds = [self.num_envs * k // num_workers for k in range(num_workers + 1)]
+        self._slices = list(zip(bounds, bounds[1:]))  # worker k steps envs lo:hi
+        self._processes, self._pipes = [], []
+        # stops the workers once: at close(), when garbage-collected, or at interpreter exit
+        self._stop = weakref.finalize(self, _stop_workers, self._processes, self._pipes)
+        context = multiprocessing.get_context("spawn")
+        # the workers inherit Ctrl-C ignored while they start (imports: seconds); only the main thread may set it
+        main_thread = threading.current_thread() is threading.main_thread()
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+        try:
+            for lo, hi in self._slices:
+                pipe, worker_pipe = context.Pipe()
+                self._pipes.append(pipe)
+                process = context.Process(target=_worker, args=(worker_pipe, env_fns[lo:hi]), daemon=True,
+                                          name=f"ParallelVectorEnv worker (envs {lo}-{hi - 1})")
+                process.start()  # raises here if env_fns do not pickle
+                self._processes.append(process)
+                worker_pipe.close()  # the worker holds that end alone: its death reads as EOF here
+        finally:
+            if handler is not None:
+                signal.signal(signal.SIGINT, handler)
+        try:
+            spaces = self._call("spaces", dict.fromkeys(range(num_workers), ()))
+            self.single_observation_space, self.single_action_space = spaces[0]
+        except BaseException:
+            self.close()
+            raise
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.DISABLED}
+
+    def _call(self, name, args):
+        """Send command `name` to the workers in `args` (worker: its arguments) and return their answers, once all
+        are in; raises the first exception among them."""
+        if self.closed:
+            raise RuntimeError("this ParallelVectorEnv is closed")
+        try:
+            for k, worker_args in args.items():
+                with contextlib.suppress(OSError):  # a dead worker: _receive says so
+                    self._pipes[k].send((name, worker_args))
+            answers = [self._receive(k) for k in args]
+        except BaseException:  # Ctrl-C: answers still on their way would be read as those of the next command
+            self.close()
+            raise
+        for ok, answer in answers:
+            if not ok:
+                raise answer
+        return [answer for _, answer in answers]
+
+    def _receive(self, k):
+        """Worker k's answer: (True, result) or (False, exception); (False, RuntimeError) if it died."""
+        try:
+            return self._pipes[k].recv()
+        except (EOFError, OSError):
+            process, (lo, hi) = self._processes[k], self._slices[k]
+            process.join(timeout=1)
+            return False, RuntimeError(f"the ParallelVectorEnv worker of envs {lo}-{hi - 1} (pid {process.pid}) died, "
+                                       f"exit code {process.exitcode}")
+
+    def _split(self, name, batch, *args):
+        """Send each worker command `name` with its slice of `batch` (and `args`); return their answers."""
+        return self._call(name, {k: (batch[lo:hi], *args) for k, (lo, hi) in enumerate(self._slices)})
+
+    def reset(self, *, seed=None, options=None):
+        """Reset every env; an int seed s seeds env i with s + i, a list one seed per env (as SyncVectorEnv)."""
+        if seed is None or isinstance(seed, int):
+            seed = [None if seed is None else seed + i for i in range(self.num_envs)]
+        if len(seed) != self.num_envs:
+            raise ValueError(f"{len(seed)} seeds for {self.num_envs} envs")
+        obs, infos = zip(*self._split("reset", seed, options))
+        sizes = [hi - lo for lo, hi in self._slices]
+        return _concatenate(obs, sizes), _concatenate(infos, sizes)
+
+    def step(self, actions):
+        """Step env i with actions[i]; returns the batched (obs, rewards, terminated, truncated, infos)."""
+        results = zip(*self._split("step", np.asarray(actions)))
+        return tuple(_concatenate(parts, [hi - lo for lo, hi in self._slices]) for parts in results)
+
+    def rng_states(self):
+        """Each env's `env.unwrapped.np_random.bit_generator.state`, env by env."""
+        return sum(self._call("rng_states", dict.fromkeys(range(self.num_workers), ())), [])
+
+    def set_rng_states(self, states):
+        """Give each env its generator state, as `rng_states` read it."""
+        if len(states) != self.num_envs:
+            raise ValueError(f"{len(states)} generator states for {self.num_envs} envs")
+        self._split("set_rng_states", states)
+
+    def render(self, indices=None):
+        """The `render()` frames of the envs at `indices` (None: all), in that order; only those envs draw."""
+        indices = [range(self.num_envs)[i] for i in (range(self.num_envs) if indices is None else indices)]
+        asked = {k: [i - lo for i in indices if lo <= i < hi] for k, (lo, hi) in enumerate(self._slices)}
+        asked = {k: (local,) for k, local in asked.items() if local}
+        frames = {}
+        for (k, (local,)), answer in zip(asked.items(), self._call("render", asked)):
+            frames.update(zip([self._slices[k][0] + i for i in local], answer))
+        return [frames[i] for i in indices]
+
+    def close_extras(self, **kwargs):
+        """Close the workers' envs and stop the workers."""
+        self._stop()
+
+
+def make_envs(make, num_envs, num_eval_envs, seed, num_video_envs=0, parallel=True):
+    """A run's training and evaluation vector envs, reset with `seed` and `seed + 10_000`; both never reset on their
+    own. `make(render_mode)` builds one env (e.g. functools.partial(make_env, "Ant")); the first `num_video_envs`
+    evaluation envs get "rgb_array", and the first of them renders once, to fail now rather than at the first
+    evaluation (RenderUnavailable). ParallelVectorEnvs with `parallel`, else SyncVectorEnvs, as the agents built.
+    Returns (train_envs, eval_envs)."""
+    def vector(env_fns):
+        if parallel:
+            return ParallelVectorEnv(env_fns)
+        return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+
+    made = []
+    try:
+        made.append(vector([functools.partial(make, None)] * num_envs))
+        made.append(vector([functools.partial(make, "rgb_array" if i < num_video_envs else None)
+                            for i in range(num_eval_envs)]))
+        made[0].reset(seed=seed)
+        made[1].reset(seed=seed + 10_000)
+        if num_video_envs > 0:
+            render_envs(made[1], [0])
+    except BaseException:
+        for vector_env in made:
+            vector_env.close()
+        raise
+    return made[0], made[1]
+
+
 class PixelEncoder(nn.Module):
     """The CNN in front of every network on pixels (the official with_encoder.py): (N, 64, 64, 3k) HWC images, uint8 or
     float in [0, 255] -> (N, 1536). Divide by 255 (no mean shift), then 4 unpadded convolutions (kernel 4,
@@ -1190,9 +1423,14 @@ class PixelEncoder(nn.Module):
         for c_in, c_out in zip([in_channels, 48, 96, 192], [48, 96, 192, 384]):
             layers += [nn.Conv2d(c_in, c_out, kernel_size=4, stride=2), nn.ELU()]
         self.net = nn.Sequential(*layers, nn.Flatten())
+        self.bf16 = False  # the convolutions in bfloat16 (torch.autocast), the features float32: see encoders_in_bf16
 
     def forward(self, images):
-        return self.net(images.permute(0, 3, 1, 2).float() / 255.0)
+        pixels = images.permute(0, 3, 1, 2).float() / 255.0
+        if not self.bf16:
+            return self.net(pixels)
+        with torch.autocast(pixels.device.type, torch.bfloat16, cache_enabled=False):  # capturable in a CUDA graph
+            return self.net(pixels).float()
 
 
 class PixelGoalEncoder(nn.Module):
@@ -1218,6 +1456,15 @@ def make_encoder(observation_space):
         encoder = PixelEncoder(in_channels=observation_space.shape[-1])
         return encoder, encoder.out_dim
     return nn.Identity(), observation_space.shape[0]
+
+
+def encoders_in_bf16(*networks):
+    """--bf16: every PixelEncoder inside `networks` runs its convolutions under bfloat16 autocast, and hands its
+    features on as float32."""
+    for network in networks:
+        for module in network.modules():
+            if isinstance(module, PixelEncoder):
+                module.bf16 = True
 
 
 def draw_coordinates(ax, coordinates, colors, env_id=None):

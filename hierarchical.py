@@ -47,6 +47,7 @@ command line, start-up, the child, checkpoints, evaluation, logging).
 import contextlib
 import hashlib
 import importlib
+import functools
 import json
 import math
 import os
@@ -57,6 +58,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
@@ -119,6 +121,15 @@ class Args:
     """path of a hierarchical checkpoint.pt to continue from"""
     cuda: bool = True
     """use the GPU when torch sees one"""
+    parallel_envs: bool = True
+    """step the training and the evaluation envs in worker processes, at most one per core, each stepping several;
+    --no-parallel-envs steps them one by one in this process (the same numbers either way)"""
+    compile: bool = False
+    """SAC: torch.compile the whole gradient step as one function (its losses, backward, Adam steps and the Polyak
+    step); same numbers as eager up to float rounding. PPO runs without it"""
+    cudagraphs: bool = False
+    """SAC: on a GPU, record the whole gradient step once as a CUDA graph and replay it, one launch per step; a CPU
+    runs the step without graphs, and says so. PPO runs without it"""
     track: bool = False
     """also log to Weights & Biases (WANDB_MODE=offline works)"""
     wandb_project_name: str = "cleanmisl"
@@ -150,8 +161,8 @@ FLAG_RANGES = {
     "clip": "(0, inf)", "gae_lambda": "[0, 1]", "entropy_coef": "[0, inf)",
 }
 # What --resume may change: neither the learning problem nor the random streams depend on these.
-RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "track",
-                     "wandb_project_name", "wandb_entity")
+RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs", "track",
+                     "wandb_project_name", "wandb_entity", "compile", "cudagraphs")
 
 
 
@@ -499,9 +510,9 @@ def main(args, child_ckpt, ckpt=None):
     # ------------------------------------------------------------ high-level networks, optimizers, replay buffer
     policy_class = CategoricalPolicy if discrete else GaussianPolicy
     policy = policy_class(observation_space, skill_dim, args.hidden_dim).to(device)
-    policy_optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
-    modules = {"policy": policy, "policy_optimizer": policy_optimizer}  # the checkpoint's keys
-    log_alpha, rb = None, None
+    adam = adam_options(args, task.algo, device)  # torch's default Adam, but see --compile and --cudagraphs
+    policy_optimizer = torch.optim.Adam(policy.parameters(), **adam)
+    modules, log_alpha, rb = {"policy": policy, "policy_optimizer": policy_optimizer}, None, None  # + SAC's below
     if task.algo == "sac":
         q_args = (observation_space, 0, args.hidden_dim, skill_dim) if discrete else (
             observation_space, skill_dim, args.hidden_dim)
@@ -510,9 +521,9 @@ def main(args, child_ckpt, ckpt=None):
         for net, target in zip(qf, qf_target):
             target.load_state_dict(net.state_dict())
         qf_params, qf_target_params = ([p for net in nets for p in net.parameters()] for nets in (qf, qf_target))
-        qf_optimizer = torch.optim.Adam(qf_params, lr=args.lr)  # one optimizer for the twins, on the sum of losses
+        qf_optimizer = torch.optim.Adam(qf_params, **adam)  # one optimizer for the twins, on the sum of losses
         log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
-        alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.lr)
+        alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
         target_entropy = math.log(skill_dim) if discrete else -skill_dim / 2  # the official targets
         rb = EpisodeBuffer(args.buffer_size, observation_space, () if discrete else (skill_dim,),
                            np.int64 if discrete else np.float32, rng)
@@ -520,13 +531,13 @@ def main(args, child_ckpt, ckpt=None):
                     enumerate(qf_target, 1)}, "qf_optimizer": qf_optimizer, "alpha_optimizer": alpha_optimizer}
     else:
         value = QNetwork(observation_space, 0, args.hidden_dim).to(device)  # V(s)
-        value_optimizer = torch.optim.Adam(value.parameters(), lr=args.lr)
+        value_optimizer = torch.optim.Adam(value.parameters(), **adam)
         modules |= {"value": value, "value_optimizer": value_optimizer}
 
     start_epoch, grad_steps, wall_time, since_eval, eval_returns = 0, 0, 0.0, new_window(), []
     if ckpt:
         start_epoch, grad_steps, wall_time, since_eval, eval_returns = restore_checkpoint(
-            ckpt, args, run_dir, modules, log_alpha, rb, rng, train_envs.envs + eval_envs.envs, device)
+            ckpt, args, run_dir, modules, log_alpha, rb, rng, (train_envs, eval_envs), device)
 
     # ------------------------------------------------------------ SAC: one gradient step
     def sac_update(batch):
@@ -550,6 +561,7 @@ def main(args, child_ckpt, ckpt=None):
             torch._foreach_lerp_(qf_target_params, qf_params, args.tau)
         return {"qf_loss": qf_loss.detach(), "actor_loss": actor_loss.detach(), "alpha_loss": alpha_loss.detach(),
                 "alpha": alpha, "q": q.mean().detach()}
+    sac_update = fast_path(sac_update, args, task.algo, device)  # --compile, --cudagraphs; without them, itself
 
     # ------------------------------------------------------------ PPO: one epoch's gradient steps
     def ppo_update(episodes):
@@ -590,7 +602,7 @@ def main(args, child_ckpt, ckpt=None):
         if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
             save_checkpoint(checkpoint_path, args, run_name, child_ckpt, epoch, grad_steps,
                             wall_time + time.time() - segment_start, eval_returns, since_eval, modules, log_alpha, rb,
-                            rng, train_envs.envs + eval_envs.envs, device)
+                            rng, (train_envs, eval_envs), device)
         if epoch == num_epochs:
             break
 
@@ -606,8 +618,7 @@ def main(args, child_ckpt, ckpt=None):
         else:
             rb.add(episodes["obs"], episodes["action"], episodes["reward"])
             if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
-                step_stats = [sac_update(rb.sample(args.batch_size, device))
-                              for _ in range(args.grad_steps_per_epoch)]
+                step_stats = [sac_update(rb.sample(args.batch_size, device)) for _ in range(args.grad_steps_per_epoch)]
         if step_stats:
             names, per_step = stack_stats(step_stats)  # (steps, stats)
             stop_at_a_non_finite_loss(names, per_step, grad_steps, epoch, resume_hint(checkpoint_path))
@@ -768,18 +779,14 @@ def start_run(args, child_ckpt, ckpt):
 
 
 def make_envs(args):
-    """The training envs (one high-level episode each per epoch) and the evaluation envs (one each), seeded.
+    """The training envs (one high-level episode each per epoch) and the evaluation envs (one each), seeded, in
+    worker processes unless --no-parallel-envs.
 
     Every episode is started by an explicit reset() and ends at 200 low-level steps; with autoreset DISABLED the
     vector env never resets on its own. A pixel world that cannot render ends the run with one line."""
     try:  # a pixel world makes its render context at its first frame: the first reset
-        train_envs = gym.vector.SyncVectorEnv([lambda: envs.make_task(args.task) for _ in range(args.num_envs)],
-                                              autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-        eval_envs = gym.vector.SyncVectorEnv([lambda: envs.make_task(args.task)
-                                              for _ in range(args.num_eval_episodes)],
-                                             autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-        train_envs.reset(seed=args.seed)
-        eval_envs.reset(seed=args.seed + 10_000)
+        train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_task, args.task), args.num_envs,
+                                               args.num_eval_episodes, args.seed, 0, args.parallel_envs)
     except envs.RenderUnavailable as e:
         error(e)
     return train_envs, eval_envs
@@ -837,13 +844,99 @@ def check_memory(args, observation_space, skill_dim, sac, device):
                   + f"; {free / 2**30:,.1f} GiB is free")
 
 
+def adam_options(args, algo, device):
+    """Eager: torch's default Adam. SAC with --compile: foreach Adam, which torch.compile traces and fuses; with
+    --cudagraphs alone: fused Adam, one kernel per optimizer step. Under a CUDA graph, capturable (the step counts on
+    the GPU, so that each replay advances them)."""
+    graphs, fused = algo == "sac" and args.cudagraphs, algo == "sac" and args.cudagraphs and not args.compile
+    return {"lr": args.lr, "fused": fused or None, "foreach": True if algo == "sac" and args.compile else None,
+            "capturable": graphs and device.type == "cuda"}
+
+
+def fast_path(update, args, algo, device):
+    """SAC's gradient step as --compile and --cudagraphs ask for it: torch.compile'd as one function, and on a GPU
+    replayed as one CUDA graph. On a CPU, --compile keeps eager's random draws, so that only the float rounding
+    differs; on a GPU, inductor's own. PPO's steps stay eager."""
+    if algo != "sac":
+        if args.compile or args.cudagraphs:
+            print("--compile and --cudagraphs apply to SAC's gradient step; this PPO task runs without them",
+                  flush=True)
+        return update
+    if args.compile:
+        torch._inductor.config.fallback_random = device.type == "cpu"
+        update = torch.compile(update)
+    if args.cudagraphs and device.type != "cuda":
+        print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them", flush=True)
+    elif args.cudagraphs:
+        update = CudaGraphStep(update)
+    return update
+
+
+class CudaGraphStep:
+    """A gradient step `step(batch) -> stats` replayed as one CUDA graph (--cudagraphs).
+
+    The first WARMUP calls run the step as it is, on a side stream as capture requires (they are real steps; they
+    also compile it under --compile). The next call records the step on a static copy of the batch (a dict of
+    tensors, or of dicts of tensors for pixels + goal), and from then on every call copies its batch there and
+    replays the graph: one launch for all of the step's kernels, the random draws included. The stats are copied
+    out of the graph's memory, which the next replay overwrites."""
+
+    WARMUP = 3
+
+    def __init__(self, step):
+        self.step, self.calls, self.graph = step, 0, None
+
+    def __call__(self, batch):
+        if self.calls < self.WARMUP:
+            self.calls += 1
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")
+                stats = self.step(batch)
+            torch.cuda.current_stream().wait_stream(side)
+            return stats
+        if self.graph is None:
+            self.batch, self.graph = clone(batch), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.stats = self.step(self.batch)
+        copy_into(self.batch, batch)
+        self.graph.replay()
+        return clone(self.stats)
+
+
+def clone(tensors):
+    """A copy of a dict of tensors (or of dicts of tensors)."""
+    return {key: clone(value) if isinstance(value, dict) else value.clone() for key, value in tensors.items()}
+
+
+def copy_into(static, tensors):
+    """Copy a dict of tensors (or of dicts of tensors) into the tensors of `static`, of the same shapes."""
+    for key, value in tensors.items():
+        if isinstance(value, dict):
+            copy_into(static[key], value)
+        else:
+            static[key].copy_(value)
+
+
+def use_adam_options(optimizer, options):
+    """Give a restored optimizer this run's Adam options (the checkpoint's may differ), with its step counts where
+    they must be: on the parameters' device for fused or capturable Adam, on the host otherwise."""
+    for group in optimizer.param_groups:
+        group.update({key: value for key, value in options.items() if key != "lr"})
+        for param in group["params"]:
+            if "step" in optimizer.state.get(param, {}):
+                device = param.device if group["fused"] or group["capturable"] else "cpu"
+                optimizer.state[param]["step"] = optimizer.state[param]["step"].to(device, torch.float32)
+
+
 # ---------------------------------------------------------------- checkpoints
 # The stats of each algorithm in update's order: how a checkpoint written before the stats had names lists them.
 STAT_NAMES = {"sac": ("qf_loss", "actor_loss", "alpha_loss", "alpha", "q"),
               "ppo": ("policy_loss", "value_loss", "entropy")}
 
 
-def restore_checkpoint(ckpt, args, run_dir, modules, log_alpha, rb, rng, env_list, device):
+def restore_checkpoint(ckpt, args, run_dir, modules, log_alpha, rb, rng, vector_envs, device):
     """Put a checkpoint's state back: every network and optimizer, SAC's log α and replay buffer, every RNG stream
     and the envs'. Drops the evaluations logged after it (the run redoes them). Returns (epoch, gradient steps, wall
     time, the window since the last evaluation, the evaluations' returns so far). The state of another version of
@@ -851,6 +944,8 @@ def restore_checkpoint(ckpt, args, run_dir, modules, log_alpha, rb, rng, env_lis
     try:
         for name, module in modules.items():
             module.load_state_dict(ckpt[name])
+            if isinstance(module, torch.optim.Optimizer):
+                use_adam_options(module, adam_options(args, envs.TASKS[args.task].algo, device))
         if log_alpha is not None:
             with torch.no_grad():
                 log_alpha.copy_(ckpt["log_alpha"])
@@ -861,8 +956,10 @@ def restore_checkpoint(ckpt, args, run_dir, modules, log_alpha, rb, rng, env_lis
         if device.type == "cuda" and ckpt["cuda_rng"] is not None:
             restore_cuda_rng(ckpt["cuda_rng"])
         rng.bit_generator.state = ckpt["numpy_rng"]
-        for env, state in zip(env_list, ckpt["env_rngs"]):
-            env.unwrapped.np_random.bit_generator.state = state
+        env_rngs = ckpt["env_rngs"]
+        for vector_env in vector_envs:  # the training envs' states, then the evaluation envs'
+            envs.set_env_rng_states(vector_env, env_rngs[:vector_env.num_envs])
+            env_rngs = env_rngs[vector_env.num_envs:]
         window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
         stats = window["stats"]
         if stats and torch.is_tensor(stats[0]):  # written before the stats had names: vectors in update's order
@@ -909,7 +1006,7 @@ def truncate_log(log_path, last_epoch):
 
 
 def save_checkpoint(path, args, run_name, child_ckpt, epoch, grad_steps, wall_time, eval_returns, since_eval, modules,
-                    log_alpha, rb, rng, env_list, device):
+                    log_alpha, rb, rng, vector_envs, device):
     """Write everything a resumed run needs to go on exactly as this one would, atomically: a crash, a kill or a full
     disk mid-write leaves the previous checkpoint intact. It names the child and the SHA-256 of its actor, which a
     resumed run checks. A network or optimizer holding NaN or inf is never saved as good: the run ends with one line
@@ -920,7 +1017,7 @@ def save_checkpoint(path, args, run_name, child_ckpt, epoch, grad_steps, wall_ti
              "torch_rng": torch.get_rng_state(),
              "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
              "numpy_rng": rng.bit_generator.state,
-             "env_rngs": [env.unwrapped.np_random.bit_generator.state for env in env_list],
+             "env_rngs": [state for vector_env in vector_envs for state in envs.env_rng_states(vector_env)],
              "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
              **({"log_alpha": log_alpha.detach().cpu(), "buffer": rb.state_dict()} if log_alpha is not None else {}),
              **{name: module.state_dict() for name, module in modules.items()}}

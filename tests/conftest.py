@@ -38,9 +38,13 @@ def name(agent):
 
 
 def run_agent(agent, cwd, *flags):
-    """Run an agent module in this process as `python agent.py *flags` would in `cwd`; return its run directory."""
+    """Run an agent module in this process as `python agent.py *flags` would in `cwd`; return its run directory.
+    Its envs step in this process (--no-parallel-envs, the same numbers) unless the flags say otherwise: worker
+    processes take seconds to start on 2 cores, and tests/test_parallel_envs.py checks them."""
     old = os.getcwd()
     os.chdir(cwd)
+    if not any("parallel-envs" in flag for flag in flags):
+        flags = (*flags, "--no-parallel-envs")
     try:
         agent.main(*agent.parse_args(list(flags)))
     finally:

@@ -144,11 +144,12 @@ def test_from_the_shell_a_bad_value_is_one_line_without_traceback(agent, tmp_pat
 
 @pytest.mark.parametrize("agent", [a for a in AGENTS if name(a) != "dads"], ids=name)  # DADS refuses pixels first
 def test_pixel_env_without_opengl_is_one_line_naming_the_package(agent, tmp_path):
-    # hide libOSMesa from this process, as on a machine without the system package
+    # hide libOSMesa from this process, as on a machine without the system package (envs stepped in this process:
+    # worker processes would not see the patch; tests/test_parallel_envs.py checks that their errors come back)
     script = ("import ctypes.util, runpy, sys\n"
               "find = ctypes.util.find_library\n"
               "ctypes.util.find_library = lambda name: None if name == 'OSMesa' else find(name)\n"
-              f"sys.argv = ['{name(agent)}.py', '--env-id', 'Humanoid', '--no-cuda']\n"
+              f"sys.argv = ['{name(agent)}.py', '--env-id', 'Humanoid', '--no-cuda', '--no-parallel-envs']\n"
               f"runpy.run_path({os.path.join(ROOT, name(agent) + '.py')!r}, run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "MUJOCO_GL": "osmesa", "PYTHONPATH": ROOT})

@@ -314,3 +314,16 @@ def test_every_numeric_flag_has_a_range_and_a_value_outside_it_is_one_line(tiny_
             task = "HalfCheetahGoal" if flag in ("clip", "gae_lambda", "entropy_coef") else "AntMultiGoal"
             message = refuses(["--checkpoint", child_dir, "--task", task, f"{option}={text}"])
             assert f"{option} must be in {interval}, got " in message, message
+
+
+def test_sac_fast_path_flags_on_a_cpu(tiny_run, tmp_path, capsys):
+    """--cudagraphs on a CPU: one line says the step runs without graphs, and the run trains with fused Adam."""
+    child_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    run_dir = run_agent(hierarchical, tmp_path, "--checkpoint", child_dir, "--task", "AntMultiGoal", "--cudagraphs",
+                        "--total-env-steps", "800", "--learning-starts", "16", "--grad-steps-per-epoch", "2", *TINY)
+    assert "--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them" in (
+        capsys.readouterr().out)
+    ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
+    assert ckpt["grad_steps"] == 4 and all(group["fused"] and not group["capturable"] for key in
+                                           ("qf_optimizer", "policy_optimizer", "alpha_optimizer")
+                                           for group in ckpt[key]["param_groups"])

@@ -47,10 +47,12 @@ TARGETS = ("csf", "metra", "diayn", "visr", "cic", "dads", "hier-sac", "hier-ppo
 INJECTED = "csf+inject"  # csf with a .item() and a host index slipped into its φ loss: they must be caught
 SHARES = (("csf", "diayn", "cic", "hier-sac", INJECTED, "csf+device", "diayn+device", "cic+device"),
           ("metra", "visr", "dads", "hier-ppo", "metra+device", "visr+device", "dads+device"))  # 2 processes
-AGENT_FLAGS = ("--num-envs", "2", "--learning-starts", "800", "--grad-steps-per-epoch", "3", "--batch-size", "16",
-               "--hidden-dim", "16", "--buffer-size", "4000", "--num-eval-skills", "4", "--total-env-steps", "1200")
-HIER_FLAGS = ("--num-envs", "2", "--batch-size", "16", "--hidden-dim", "16", "--num-eval-episodes", "2",
-              "--grad-steps-per-epoch", "3", "--total-env-steps", "1200", "--learning-starts", "16")
+AGENT_FLAGS = ("--no-parallel-envs", "--num-envs", "2", "--learning-starts", "800", "--grad-steps-per-epoch", "3",
+               "--batch-size", "16", "--hidden-dim", "16", "--buffer-size", "4000", "--num-eval-skills", "4",
+               "--total-env-steps", "1200")
+HIER_FLAGS = ("--no-parallel-envs", "--num-envs", "2", "--batch-size", "16", "--hidden-dim", "16",
+              "--num-eval-episodes", "2", "--grad-steps-per-epoch", "3", "--total-env-steps", "1200",
+              "--learning-starts", "16")
 HIER_TASKS = {"hier-sac": ("AntMultiGoal", "Ant"), "hier-ppo": ("HalfCheetahGoal", "HalfCheetah")}
 aten = torch.ops.aten
 CUDA, META, CPU = torch.device("cuda", 0), torch.device("meta"), torch.device("cpu")

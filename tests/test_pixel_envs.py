@@ -211,3 +211,18 @@ def test_missing_gl_library_gives_one_line_error(backend, package):
     lines = [line for line in result.stdout.splitlines() if line.startswith("ERROR")]
     assert len(lines) == 1 and package in lines[0], result.stdout
     assert result.stdout.count("\n") == 1  # the message is one line
+
+
+def test_bf16_encoders_give_float32_features_near_the_float32_ones():
+    """--bf16: every PixelEncoder inside the networks runs its convolutions in bfloat16; its features stay float32,
+    within bfloat16's rounding of the float32 ones, and the encoders of a network without the flag are untouched."""
+    torch.manual_seed(0)
+    encoder, other = envs.PixelEncoder(), envs.PixelEncoder()
+    images = torch.randint(0, 256, (8, 64, 64, 9), dtype=torch.uint8)
+    full = encoder(images)
+    envs.encoders_in_bf16(torch.nn.Sequential(torch.nn.Identity(), encoder))
+    half = encoder(images)
+    assert half.dtype == torch.float32 and not torch.equal(half, full)
+    assert ((half - full).abs() <= 0.03 * full.abs() + 0.01).float().mean() > 0.99
+    assert (half - full).abs().max() < 0.1 * full.abs().max()
+    assert not other.bf16
