@@ -544,7 +544,7 @@ def main(args, ckpt=None):
             record_epoch(since_eval, dict(zip(names, per_step.mean(0))), args.grad_steps_per_epoch,
                          time.time() - train_start, writer, env_steps)
         log_epoch(writer, epoch, env_steps, grad_steps, (epoch + 1 - start_epoch) * steps_per_epoch,
-                  time.time() - segment_start, since_eval)
+                  time.time() - segment_start, since_eval, args.total_env_steps)
 
     finish_run(args, run_dir, writer, train_envs, eval_envs)
 
@@ -673,7 +673,7 @@ def make_envs(args):
         train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
                                                args.num_eval_skills, args.seed, num_video_skills(args),
                                                args.parallel_envs)
-    except envs.RenderUnavailable as e:
+    except (envs.RenderUnavailable, MemoryError) as e:  # a world that cannot render; envs that cannot fit
         error(e)
     return train_envs, eval_envs
 
@@ -1000,15 +1000,26 @@ def record_epoch(window, stats, steps, train_time, writer, env_steps):
         writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
 
 
-def log_epoch(writer, epoch, env_steps, grad_steps, steps_this_segment, seconds_this_segment, window):
-    """TensorBoard's speed and gradient steps after each epoch; every 10 epochs, one line with the last stats."""
+def log_epoch(writer, epoch, env_steps, grad_steps, steps_this_segment, seconds_this_segment, window,
+              total_env_steps):
+    """TensorBoard's speed and gradient steps after each epoch; every 10 epochs, one line with the last stats and
+    the time the rest of --total-env-steps takes at this run's speed so far (evaluations included)."""
     sps = int(steps_this_segment / seconds_this_segment)
     writer.add_scalar("charts/SPS", sps, env_steps)
     writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
     if (epoch + 1) % 10 == 0:
         last = floats(window["stats"][-1]) if window["stats"] else {}
-        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | "
+        left = duration((total_env_steps - env_steps) * seconds_this_segment / steps_this_segment)
+        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | {left} left | "
               + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
+
+
+def duration(seconds):
+    """A time span as people read it: "45 s", "12 min", "3 h 05 min"."""
+    minutes = round(seconds / 60)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def floats(stats):

@@ -34,8 +34,11 @@ Where the worlds depart from the official ones, which ran on MuJoCo 2.2.1 throug
 - Kitchen: gymnasium-robotics' copy of D4RL's kitchen scene, with the official end-effector file's mocap body and
   weld added (its textures, wood1.png included, were not compared with the official files). MuJoCo 3's weld
   resists rotation far less than 2.2.1's; a torque scale of 18.47 makes up for it (`_kitchen_model`). The first
-  step after a reset then moves link7 as 2.2.1 does, to the millimetre, and 50 zero-action steps drift it by
-  (-0.082, -0.137, +0.017) m, where 2.2.1 drifts (-0.121, -0.220, +0.080): same direction, 60-70% of the size.
+  step after a reset then moves link7 as 2.2.1 does, to the millimetre. Later steps move it less than 2.2.1 does,
+  most of all upwards, and the official XML does the same under MuJoCo 3.3 (benchmarks/kitchen_response.py): 5
+  steps of a = +z raise it 0.341 m (2.2.1: 0.427), +x 0.261 (0.276), -y 0.420 (0.422), a3 = 1 turns it 21.5°
+  (24°), and 50 zero-action steps drift it by (-0.082, -0.137, +0.017) m, where 2.2.1 drifts (-0.121, -0.220,
+  +0.080): the same direction, 62-68% of the size across and 21% upwards.
 - Robobin, built anew from metaworld 3's Sawyer assets (`_robobin_model`): the hand gets 2.2.1's mass and inertia
   (MuJoCo 3 computes 0.43 kg from its mesh, 2.2.1 computed 0.1847), the weld a torque scale of 5.89, and one
   contact that only MuJoCo 3 reports (the arm's base against its first link's sphere) is excluded. The blocks are
@@ -870,7 +873,8 @@ def _robobin_model():
     spec.compiler.inertiagrouprange = [0, 5]  # metaworld 3 takes geom inertias from groups 4-5 only
     v1_solimp = [1, 1, 0, 0.5, 2]  # <default><geom solimp="1 1 0">, for the geoms above and those added below
     for geom in spec.geoms:
-        geom.solimp = v1_solimp
+        if geom.parent.name not in ("rightpad", "leftpad"):  # the pads keep their own, 0.9 0.9 0.01 (_sawyer_arm)
+            geom.solimp = v1_solimp
     spec.default.geom.solimp = v1_solimp
     spec.visual.headlight.ambient = [0.5, 0.5, 0.5]
     spec.add_texture(type=mujoco.mjtTexture.mjTEXTURE_SKYBOX, builtin=mujoco.mjtBuiltin.mjBUILTIN_GRADIENT,
@@ -1383,17 +1387,33 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
         self._stop()
 
 
+ENV_BYTES = 2**18  # the least one env takes (measured: Kitchen 0.2 MiB, Ant 1 MiB, Quadruped 13 MiB)
+
+
+def _free_host_memory():
+    """Bytes of host memory free now (MemAvailable), or inf where that cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return float("inf")
+
+
 def make_envs(make, num_envs, num_eval_envs, seed, num_video_envs=0, parallel=True):
     """A run's training and evaluation vector envs, reset with `seed` and `seed + 10_000`; both never reset on their
     own. `make(render_mode)` builds one env (e.g. functools.partial(make_env, "Ant")); the first `num_video_envs`
     evaluation envs get "rgb_array", and the first of them renders once, to fail now rather than at the first
     evaluation (RenderUnavailable). ParallelVectorEnvs with `parallel`, else SyncVectorEnvs, as the agents built.
-    Returns (train_envs, eval_envs)."""
+    Returns (train_envs, eval_envs). MemoryError, before any env is built, if they cannot fit in the free memory."""
     def vector(env_fns):
         if parallel:
             return ParallelVectorEnv(env_fns)
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
 
+    needed, free = (num_envs + num_eval_envs) * ENV_BYTES, _free_host_memory()
+    if needed > free:
+        raise MemoryError(f"{num_envs + num_eval_envs:,} training and evaluation envs need at least "
+                          f"{needed / 2**30:,.1f} GiB of host memory; {free / 2**30:,.1f} GiB is free")
     made = []
     try:
         made.append(vector([functools.partial(make, None)] * num_envs))

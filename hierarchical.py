@@ -626,7 +626,7 @@ def main(args, child_ckpt, ckpt=None):
             record_epoch(since_eval, dict(zip(names, per_step.mean(0))), len(step_stats), time.time() - train_start,
                          writer, env_steps)
         log_epoch(writer, epoch, env_steps, (epoch + 1 - start_epoch) * steps_per_epoch, time.time() - segment_start,
-                  float(episodes["reward"].sum(1).mean()))
+                  float(episodes["reward"].sum(1).mean()), args.total_env_steps)
 
     finish_run(args, run_dir, writer, train_envs, eval_envs)
 
@@ -787,7 +787,7 @@ def make_envs(args):
     try:  # a pixel world makes its render context at its first frame: the first reset
         train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_task, args.task), args.num_envs,
                                                args.num_eval_episodes, args.seed, 0, args.parallel_envs)
-    except envs.RenderUnavailable as e:
+    except (envs.RenderUnavailable, MemoryError) as e:  # a world that cannot render; envs that cannot fit
         error(e)
     return train_envs, eval_envs
 
@@ -1148,14 +1148,24 @@ def record_epoch(window, stats, steps, train_time, writer, env_steps):
         writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
 
 
-def log_epoch(writer, epoch, env_steps, steps_this_segment, seconds_this_segment, episode_return):
-    """TensorBoard's training return and speed after each epoch; every 10 epochs, one line with them."""
+def log_epoch(writer, epoch, env_steps, steps_this_segment, seconds_this_segment, episode_return, total_env_steps):
+    """TensorBoard's training return and speed after each epoch; every 10 epochs, one line with them and the time the
+    rest of --total-env-steps takes at this run's speed so far (evaluations included)."""
     sps = int(steps_this_segment / seconds_this_segment)
     writer.add_scalar("charts/episode_return", episode_return, env_steps)
     writer.add_scalar("charts/SPS", sps, env_steps)
     if (epoch + 1) % 10 == 0:
-        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | episode return {episode_return:.3g}",
-              flush=True)
+        left = duration((total_env_steps - env_steps) * seconds_this_segment / steps_this_segment)
+        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | {left} left | episode return "
+              f"{episode_return:.3g}", flush=True)
+
+
+def duration(seconds):
+    """A time span as people read it: "45 s", "12 min", "3 h 05 min"."""
+    minutes = round(seconds / 60)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def floats(stats):

@@ -904,7 +904,10 @@ def goal_and_hierarchical_results(folder):
         except SweepError as e:
             warn(f"{e}; skipped")
             continue
-        if evals and evals[-1]["return_past10"] is not None:  # None until an evaluation after epoch 0
+        if not evals:
+            warn(f"skipped {path}: it holds no evaluation")
+            continue
+        if evals[-1]["return_past10"] is not None:  # None until an evaluation after epoch 0
             found[f"{os.path.basename(os.path.dirname(path)).split('__')[0]} return (past 10)"] = \
                 evals[-1]["return_past10"]
     return found

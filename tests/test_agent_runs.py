@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -518,3 +519,25 @@ def test_parallel_collection_gives_the_serial_numbers_and_resumes_exactly(env_id
         csf.main(*csf.parse_args(["--resume", str(checkpoint)]))
         assert without_timing(read_evals(tmp_path / "resumed")) == without_timing(read_evals(parallel)[2:])
         assert_same_state(load(checkpoint)["buffer"], parallel_ckpt["buffer"])
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_too_many_envs_are_refused_with_one_line_before_any_is_built(agent, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        agent.main(*agent.parse_args(["--num-eval-skills", "1000000000000", "--no-cuda"]))
+    message = str(stop.value.code)
+    assert "\n" not in message and message.startswith(
+        f"{name(agent)}.py: error: 1,000,000,000,008 training and evaluation envs need at least 244,140,625.0 GiB"), message
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_the_progress_line_gives_the_time_left_at_the_runs_speed(agent, tmp_path, capsys):
+    run_agent(agent, tmp_path, "--total-env-steps", "4400", "--grad-steps-per-epoch", "0", "--num-envs", "2",
+              "--hidden-dim", "8", "--num-eval-skills", "1", "--eval-every", "100", "--no-cuda")
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 10 |"))
+    sps = int(re.search(r"\| SPS (\d+) \|", line).group(1))
+    left = int(re.search(r"\| (\d+) s left \|", line).group(1))  # 400 env steps to go, at the run's speed
+    assert left == round(400 / sps) or abs(left - 400 / sps) < 1, line
+    assert [agent.duration(s) for s in (45, 720, 3 * 3600 + 5 * 60, 110 * 3600)] == [
+        "45 s", "12 min", "3 h 05 min", "110 h 00 min"]

@@ -142,3 +142,34 @@ def test_a_pixel_run_exits_cleanly(backend):
     if result.stdout.startswith("UNAVAILABLE"):
         pytest.skip(f"no {backend} context on this machine: {result.stdout.strip()}")
     assert result.returncode == 0 and result.stdout == "OK\n" and result.stderr == "", result.stderr
+
+
+SPAWN_BY_ID = """
+import gymnasium as gym, sys
+sys.path.insert(0, {root!r})
+import envs  # registers the worlds here; the spawned workers import nothing
+made = {{"plain id, make_vec": lambda: gym.make_vec("cleanmisl/Ant-v0", 2, vectorization_mode="async",
+                                                     vector_kwargs={{"context": "spawn"}}),
+        "envs: id, AsyncVectorEnv": lambda: gym.vector.AsyncVectorEnv([lambda: gym.make("envs:cleanmisl/Ant-v0")] * 2,
+                                                                       context="spawn"),
+        "plain id, AsyncVectorEnv": lambda: gym.vector.AsyncVectorEnv([lambda: gym.make("cleanmisl/Ant-v0")] * 2,
+                                                                       context="spawn")}}
+for name, make in made.items():
+    try:
+        vector = make()
+        print(name, "ok", vector.reset(seed=0)[0].shape)
+        vector.close()
+    except Exception as e:
+        print(name, "fails", type(e).__name__)
+"""
+
+
+def test_spawned_workers_find_the_worlds_by_the_ids_docs_envs_md_gives():
+    """docs/envs.md: in a spawned worker, which has not imported envs.py, `envs:cleanmisl/<name>-v0` works, and so
+    does the plain id through gym.make_vec (its workers get the registration); the plain id inside a function of
+    your own does not. Run from `python -c`, whose main module a spawned worker cannot import."""
+    proc = subprocess.run([sys.executable, "-c", SPAWN_BY_ID.format(root=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))], capture_output=True, text=True,
+                          timeout=300, cwd="/")
+    lines = [line for line in proc.stdout.splitlines() if " ok " in line or " fails " in line]
+    assert lines[:2] == ["plain id, make_vec ok (2, 29)", "envs: id, AsyncVectorEnv ok (2, 29)"], proc.stdout
+    assert len(lines) == 3 and lines[2].startswith("plain id, AsyncVectorEnv fails"), proc.stdout + proc.stderr

@@ -7,6 +7,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -327,3 +328,22 @@ def test_sac_fast_path_flags_on_a_cpu(tiny_run, tmp_path, capsys):
     assert ckpt["grad_steps"] == 4 and all(group["fused"] and not group["capturable"] for key in
                                            ("qf_optimizer", "policy_optimizer", "alpha_optimizer")
                                            for group in ckpt[key]["param_groups"])
+
+
+def test_too_many_envs_are_refused_with_one_line_before_any_is_built(tiny_run, tmp_path, monkeypatch):
+    child_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        hierarchical.main(*hierarchical.parse_args(["--checkpoint", child_dir, "--task", "AntMultiGoal", "--no-cuda",
+                                                    "--num-eval-episodes", "1000000000000"]))
+    message = str(stop.value.code)
+    assert "\n" not in message and message.startswith(
+        "hierarchical.py: error: 1,000,000,000,008 training and evaluation envs need at least 244,140,625.0 GiB"), message
+
+
+def test_the_progress_line_gives_the_time_left(tiny_run, tmp_path, capsys):
+    child_dir, _ = tiny_run(csf, *FIVE_EPOCHS)
+    run_agent(hierarchical, tmp_path, "--checkpoint", child_dir, "--task", "AntMultiGoal", "--total-env-steps", "4400",
+              "--grad-steps-per-epoch", "0", *TINY)
+    assert re.search(r"^epoch 10 \| env steps 4,000 \| SPS \d+ \| \d+ s left \| episode return ",
+                     capsys.readouterr().out, re.M)

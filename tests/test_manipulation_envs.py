@@ -454,3 +454,24 @@ def test_skill_plot_draws_tasks_for_kitchen_and_the_hand_for_robobin():
     assert np.allclose(hand, states[0, :, 0:2])
     assert np.allclose(blocks, [states[0, -1, 3:5], states[0, -1, 6:8]])
     plt.close(fig)
+
+
+def test_robobin_gripper_pads_keep_their_own_softer_contacts(robobin):
+    """The official XML sets the pads' solimp to 0.9 0.9 0.01 and every other geom's (by default) to 1 1 0; the pads
+    then squeeze a block as the official XML does. A scripted grasp (over the green block, down, close, up) lifts
+    it out of its bin."""
+    m, u = robobin.unwrapped.model, robobin.unwrapped
+    for body, solimp in [("rightpad", (0.9, 0.9, 0.01, 0.5, 2)), ("leftpad", (0.9, 0.9, 0.01, 0.5, 2)),
+                         ("rightclaw", (1, 1, 0, 0.5, 2)), ("hand", (1, 1, 0, 0.5, 2))]:
+        geoms = m.geom_bodyid == m.body(body).id
+        assert geoms.any() and np.allclose(m.geom_solimp[geoms], solimp), body
+    robobin.reset(seed=0)
+    block = u._block_qpos[0]
+    start = u.data.qpos[block:block + 3].copy()
+    for target, claws, steps in [(None, -1, 60), (start, -1, 30), (None, 1, 25)]:  # over it, down to it, close
+        for _ in range(steps):
+            gap = (start if target is not None else np.append(start[:2], u.data.mocap_pos[0][2])) - u.data.mocap_pos[0]
+            robobin.step(np.array([*np.clip(gap / 0.01, -1, 1), claws], np.float32))
+    for _ in range(20):
+        robobin.step(np.array([0, 0, 1, 1], np.float32))  # up, claws closed
+    assert u.data.qpos[block + 2] > start[2] + 0.08  # lifted 8 cm or more

@@ -474,6 +474,7 @@ def test_goal_reaching_and_hierarchical_extras_of_kitchen_and_damaged_ones(tmp_p
     err = capsys.readouterr().err
     assert f"warning: skipped {ant / 'r' / 'goal_reaching.json'}: it does not hold goal_reaching.py's results" in err
     assert f"warning: skipped the torn last line of {hierarchical['AntGoal']}" in err
+    assert f"warning: skipped {hierarchical['AntMultiGoal']}: it holds no evaluation" in err
     assert f"warning: line 1 of {hierarchical['AntLeft']} is not JSON; mend or delete the file; skipped" in err
 
 
