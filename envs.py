@@ -1199,10 +1199,10 @@ def env_rng_states(vector_env):
 
 def set_env_rng_states(vector_env, states):
     """Give each env of a SyncVectorEnv or a ParallelVectorEnv its generator state, as `env_rng_states` read it."""
-    if isinstance(vector_env, ParallelVectorEnv):
-        return vector_env.set_rng_states(states)
     if len(states) != vector_env.num_envs:
         raise ValueError(f"{len(states)} generator states for {vector_env.num_envs} envs")
+    if isinstance(vector_env, ParallelVectorEnv):
+        return vector_env.set_rng_states(states)
     for env, state in zip(vector_env.envs, states):
         env.unwrapped.np_random.bit_generator.state = state
 
@@ -1367,9 +1367,7 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
         return sum(self._call("rng_states", dict.fromkeys(range(self.num_workers), ())), [])
 
     def set_rng_states(self, states):
-        """Give each env its generator state, as `rng_states` read it."""
-        if len(states) != self.num_envs:
-            raise ValueError(f"{len(states)} generator states for {self.num_envs} envs")
+        """Give each env its generator state, as `rng_states` read it (set_env_rng_states checks their number)."""
         self._split("set_rng_states", states)
 
     def render(self, indices=None):

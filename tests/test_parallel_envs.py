@@ -84,7 +84,7 @@ def test_generator_states_are_read_and_set_env_by_env(ant):
     assert envs.env_rng_states(parallel) == states
     assert_equal(parallel.reset()[0], sync.reset()[0])  # an unseeded reset draws from the states set
     with pytest.raises(ValueError, match="2 generator states for 3 envs"):
-        parallel.set_rng_states(states[:2])
+        envs.set_env_rng_states(parallel, states[:2])
 
 
 def test_a_nan_action_raises_the_envs_value_error_in_the_parent(ant):
