@@ -1,50 +1,29 @@
 """CSF, Contrastive Successor Features, in one file: "Can a MISL Fly? Analysis and Ingredients for Mutual Information
 Skill Learning" (Zheng, Tuyls, Peng and Eysenbach, ICLR 2025), §5 and Algorithm 1.
 
-A skill z ~ p(z) = Unif(S^{d-1}) is held for a whole trajectory of the policy π(a | s, z). CSF learns a representation
-φ(s) ∈ R^d from a contrastive lower bound on I(S, S'; Z) whose critic is f(s, s', z) = (φ(s') - φ(s))ᵀz (paper Eq. 8),
-its negative term weighted by ξ (Eq. 10 with ξ; Alg. 1, line 5):
-    max_φ  E[(φ(s') - φ(s))ᵀz] - ξ E[log Σ_j exp (φ(s') - φ(s))ᵀz'_j],   z'_j ~ p(z).
-The policy maximizes the intrinsic reward r(s, s', z) = (φ(s') - φ(s))ᵀz, the bound without its negative term (Eq. 11).
-That reward is linear in z, so the critic is a vector: successor features ψ(s, a, z) ∈ R^d regressed by TD onto
-φ(s') - φ(s) + γ ψ̄(s', a', z), a' ~ π(·|s', z) (§5.2; line 6), with Q(s, a, z) = ψ(s, a, z)ᵀz. π is SAC's actor on that
-Q (line 7), its entropy temperature α tuned automatically.
+A skill z ~ p(z) = Unif(S^{d-1}) is held for a whole trajectory of the policy π(a | s, z). φ(s) ∈ R^d maximizes the
+contrastive lower bound on I(S, S'; Z) with the critic (φ(s') - φ(s))ᵀz (Eq. 8), its negative term weighted by ξ
+(Eq. 10 with ξ; Alg. 1, line 5), with Δφ = φ(s') - φ(s) and z'_j ~ p(z):
+    max_φ  E[Δφᵀz] - ξ E[log Σ_j exp Δφᵀz'_j].
+The reward is the positive term, r(s, s', z) = Δφᵀz (Eq. 11). It is linear in z, so the critic is a vector: successor
+features ψ(s, a, z) ∈ R^d regressed by TD onto Δφ + γ ψ̄(s', a', z), a' ~ π(·|s', z), with Q(s, a, z) = ψᵀz (§5.2;
+line 6). π is SAC's actor on that Q (line 7), with an automatic temperature α.
 
-    python csf.py --env-id Ant                       # the paper's settings for Ant
-    python csf.py --env-id Ant --hidden-dim 256      # what a CPU can train in an hour
-    python csf.py --env-id Humanoid --skill-dim 8    # 64×64 pixels (wants a GPU: ~15 s per gradient step on a CPU)
+    python csf.py --env-id Ant                                              # the paper's run: 64M env steps
+    python csf.py --env-id Ant --hidden-dim 256 --total-env-steps 3000000   # a CPU-sized run (README: 73 min)
+    python csf.py --env-id Humanoid --cudagraphs --buffer-on-device         # 64×64 pixels, on a GPU
 
-Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features; none changes
-the algorithm behind the published numbers):
-  - time-limit steps are simply never terminal; the official sampler marks the last step of every trajectory done
-    (garagei/sampler/option_worker.py), and the scripts' --turn_off_dones 1 then zeroes every done.
-  - dropped because they never affect learning: the replay buffer's future-goal sampler, whose draws nothing reads
-    (garagei/replay_buffer/path_buffer_ex.py), the target φ that iod/metra.py creates and never updates, METRA's λ
-    machinery, which --log_sum_exp 1 leaves idle, and the stored rewards / next actions / returns.
-  - the contrastive negatives are 256 fresh draws from the prior, as Alg. 1 writes them and the scripts run them
-    (--sample_new_z 1), not the in-batch negatives of the paper's hyperparameter table (App. B.2).
-  - additions, not in the official code: the last epoch is always evaluated and checkpointed, every
-    evaluation also reports E‖Δφ‖² over 10k replay transitions, and a --buffer-size that is not a multiple
-    of the horizon is rounded down to whole trajectories (the paper's 1M and 300k are). A checkpoint also
-    holds the loss means since the last evaluation, so a run resumed from any epoch reports what the
-    uninterrupted run does.
-  - the paper's ablations (§6.3) are flags (defaults: the paper's CSF). --critic gaussian / laplacian compare
-    φ(s') - φ(s) with z (-½‖Δφ - z‖², -‖Δφ - z‖₁): the paper writes the kernels without z, but a critic of
-    (s, s', z) that ignores z cannot tell skills apart. --critic mlp makes φ a network of the pair (s, s'),
-    MLP(s, s')ᵀz, and its "Δφ" is that network's output. A reward that is not linear in z (the kernels, or
-    --reward mutual-information) is split as r = Δφᵀz + (r - Δφᵀz): ψ keeps the first part, and one more
-    output of each ψ network, a scalar head ψ₀, sums the second, so Q = ψᵀz + ψ₀.
-  - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
-    22 GB at 300k transitions, same samples); on a CPU, envs.py renders by default without shadows or
-    multisampling (2-70x faster there; CLEANMISL_RENDER=official draws the official look), and it seeds every env
-    differently, where the official run/train.py: make_env seeds every worker's task alike, so that they all repeat
-    the same initial states.
-  - on a GPU, float32 matmuls use TF32 (torch.set_float32_matmul_precision("high")), which is faster there; a CPU
-    computes them in full float32, and the tests' numbers are the CPU's.
-
-The file reads in the paper's order: Args; the losses, the paper's first, then its ablations (skip those on a first
-reading); the networks; the replay buffer; `main`, the training loop; then the infrastructure main calls (the
-command line, start-up, checkpoints, evaluation, logging).
+Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features):
+  - a time limit is never terminal (garagei/sampler/option_worker.py marks it done; --turn_off_dones 1 undoes it).
+  - left out, never changing learning: the future-goal sampler, a target φ never updated, METRA's idle λ machinery.
+  - the 256 negatives z'_j are fresh prior draws (Alg. 1; --sample_new_z 1), not the batch's skills (App. B.2).
+  - added: the last epoch is always evaluated and checkpointed; every evaluation but epoch 0's reports E‖Δφ‖² on 10k
+    replay transitions drawn with replacement; a resumed run reports what the uninterrupted run does.
+  - the ablations of §6.3, after `main`: --critic gaussian / laplacian compare Δφ with z (-½‖Δφ - z‖², -‖Δφ - z‖₁;
+    without z no critic tells skills apart); --critic mlp makes Δφ a network of (s, s'); a reward not linear in z
+    (those kernels, --reward mutual-information) is Δφᵀz + (r - Δφᵀz), the remainder summed by an output ψ₀ of each ψ.
+  - pixels: each frame is stored once (3.7 GB, not 22 GB, at 300k transitions); envs.py seeds every env apart.
+  - on a GPU, float32 matmuls use TF32; a CPU computes them in float32, and the tests' numbers are the CPU's.
 """
 
 import contextlib
@@ -53,7 +32,6 @@ import json
 import math
 import os
 import pathlib
-import random
 import resource
 import signal
 import sys
@@ -61,10 +39,10 @@ import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, fields
-from typing import Optional
+from typing import Literal, Optional
 
 import gymnasium as gym
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn as nn
@@ -75,95 +53,45 @@ from torch.utils.tensorboard import SummaryWriter
 
 import envs
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
+plt.switch_backend("Agg")
 AGENT = "csf"
-# the paper's skill dimensions (App. B.3, the table of skill dimensions per method and environment)
-SKILL_DIMS = {"Ant": 2, "HalfCheetah": 2, "Quadruped": 4, "Humanoid": 8, "Kitchen": 4, "Robobin": 9}
-NUM_DPHI_SAMPLES = 10_000  # replay transitions behind the E‖Δφ‖² diagnostic
-NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
+SKILL_DIMS = {"Ant": 2, "HalfCheetah": 2, "Quadruped": 4, "Humanoid": 8, "Kitchen": 4, "Robobin": 9}  # App. B.3
 
 
 @dataclass
 class Args:
-    env_id: str = "Ant"
-    """the environment: Ant, HalfCheetah (states), Quadruped, Humanoid, Kitchen or Robobin (64×64 pixels)"""
-    skill_dim: Optional[int] = None
-    """dimension d of the skill z on the unit sphere (unset: the paper's: Ant 2, HalfCheetah 2, Quadruped 4,
-    Humanoid 8, Kitchen 4, Robobin 9)"""
-    seed: int = 1
-    """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
-    total_env_steps: Optional[int] = None
-    """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states,
-    4.8M on pixels)"""
-    num_envs: Optional[int] = None
-    """trajectories collected per epoch, one skill each, stepped together (unset: 8, Robobin 10)"""
-    grad_steps_per_epoch: Optional[int] = None
-    """gradient steps after each collection round (unset: 50 on states, 200 on Quadruped and Humanoid, 100 on
-    Kitchen and Robobin)"""
-    learning_starts: int = 10_000
-    """transitions stored before the first gradient step"""
-    batch_size: int = 256
-    """transitions per minibatch, sampled uniformly with replacement"""
-    buffer_size: Optional[int] = None
-    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels, Kitchen 100k)"""
-    hidden_dim: int = 1024
-    """width of the two hidden layers of φ, ψ and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
-    eval_every: Optional[int] = None
-    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, Quadruped and Humanoid 125, Kitchen 250, Robobin
-    500); the last epoch is always evaluated"""
-    checkpoint_every: Optional[int] = None
-    """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
-    resume: Optional[str] = None
-    """path of a checkpoint.pt to continue from; the run keeps its directory, seed and RNG streams"""
-    cuda: bool = True
-    """use the GPU when torch sees one"""
-    parallel_envs: bool = True
-    """step the training and the evaluation envs in worker processes, at most one per core, each stepping several;
-    --no-parallel-envs steps them one by one in this process (the same numbers either way)"""
-    buffer_on_device: bool = False
-    """keep the replay buffer in the training device's memory and draw the batches there, so a gradient step copies
-    nothing from the host (a 300k-transition pixel buffer takes 3.7 GB); the draws are torch's, not the host
-    buffer's. On a CPU, the same code with the CPU as the device"""
-    track: bool = False
-    """also log to Weights & Biases (WANDB_MODE=offline works)"""
-    wandb_project_name: str = "cleanmisl"
-    """W&B project, with --track"""
-    wandb_entity: Optional[str] = None
-    """W&B team, with --track"""
-    capture_video: bool = False
-    """at each evaluation, write an MP4 of the first few evaluation skills side by side"""
-    num_eval_skills: int = 48
-    """deterministic evaluation rollouts per evaluation, one fresh skill each (the paper's 48)"""
-    xi: float = 5.0
-    """ξ, the weight of the log-sum-exp (negative) term of the contrastive lower bound (paper App. C.3: 2, 5 and 10
-    beat ≤ 1)"""
-    critic: str = "inner"
-    """the critic f(s, s', z) of the bound: inner (φ(s') - φ(s))ᵀz (the paper's), mlp MLP(s, s')ᵀz, gaussian
-    -½‖φ(s') - φ(s) - z‖², laplacian -‖φ(s') - φ(s) - z‖₁ (paper §6.3: every alternative to inner is catastrophic)"""
-    reward: str = "bottleneck"
-    """bottleneck: r = f(s, s', z), the paper's information-bottleneck reward; mutual-information:
-    r = f(s, s', z) - ξ log Σ_j exp f(s, s', z'_j), the contrastive bound itself (paper §6.3: CSF then fails to
-    discover skills)"""
-    num_negatives: int = 256
-    """fresh prior samples z' per gradient step in the log-sum-exp"""
-    gamma: float = 0.99
-    """discount of the successor features"""
-    tau: float = 0.005
-    """Polyak step of the target ψ networks, after every gradient step"""
-    lr: float = 1e-4
-    """Adam learning rate of φ, ψ, π and log α"""
-    alpha_init: float = 0.01
-    """initial entropy temperature α (tuned automatically towards entropy -|A|/2)"""
-    compile: bool = False
-    """torch.compile the whole gradient step as one function: every loss, its backward and Adam step, and the Polyak
-    step. Same numbers as eager up to float rounding; meant for a GPU"""
-    bf16: bool = False
-    """on pixels, run the CNN encoders' convolutions in bfloat16 (torch.autocast), their features in float32"""
-    cudagraphs: bool = False
-    """on a GPU, record the whole gradient step once as a CUDA graph and replay it, one launch per step (with or
-    without --compile); a CPU runs the step without graphs, and says so"""
+    env_id: Literal["Ant", "HalfCheetah", "Quadruped", "Humanoid", "Kitchen", "Robobin"] = "Ant"  # The world.
+    skill_dim: Optional[int] = None  # Dimension d of the skill z; unset, the paper's for the world (App. B.3).
+    seed: int = 1  # Seed of torch, numpy and the envs; on a CPU, the same seed gives the same run.
+    total_env_steps: Optional[int] = None  # Env steps to train for; unset, the paper's (64M, 4.8M on pixels).
+    num_envs: Optional[int] = None  # Trajectories collected per epoch, one skill each; unset, 8 (Robobin 10).
+    grad_steps_per_epoch: Optional[int] = None  # Gradient steps after each collection; unset, the paper's.
+    learning_starts: int = 10_000  # Transitions stored before the first gradient step.
+    batch_size: int = 256  # Transitions per minibatch, drawn uniformly with replacement.
+    buffer_size: Optional[int] = None  # Replay capacity in transitions; unset, the paper's (1M, 300k on pixels).
+    hidden_dim: int = 1024  # Width of the two hidden layers of φ, ψ and π (the paper's 1024).
+    eval_every: Optional[int] = None  # Epochs between evaluations, the last always made; unset, the paper's.
+    checkpoint_every: Optional[int] = None  # Epochs between checkpoints, the last always written; unset, --eval-every.
+    resume: Optional[str] = None  # A checkpoint.pt to continue, with its run's folder, flags and random streams.
+    cuda: bool = True  # Use the GPU when torch sees one.
+    parallel_envs: bool = True  # Step the envs in worker processes, at most one per core (the same numbers).
+    buffer_on_device: bool = False  # Keep the replay buffer on the training device and draw the batches there.
+    cudagraphs: bool = False  # On a GPU, record the whole gradient step once as a CUDA graph and replay it.
+    compile: bool = False  # Compile the whole gradient step with torch.compile (the same numbers up to rounding).
+    bf16: bool = False  # On pixels, run the encoders' convolutions in bfloat16; their features stay float32.
+    track: bool = False  # Also log to Weights & Biases (WANDB_MODE=offline works).
+    wandb_project_name: str = "cleanmisl"  # The W&B project, with --track.
+    wandb_entity: Optional[str] = None  # The W&B team, with --track.
+    capture_video: bool = False  # At each evaluation, write an MP4 of four evaluation skills side by side.
+    num_eval_skills: int = 48  # Deterministic evaluation rollouts per evaluation, one fresh skill each.
+    xi: float = 5.0  # The weight ξ of the bound's negative term (App. C.3: 2, 5 and 10 beat 1 and below).
+    critic: Literal["inner", "mlp", "gaussian", "laplacian"] = "inner"  # The bound's critic (§6.3); inner: the paper's.
+    reward: Literal["bottleneck", "mutual-information"] = "bottleneck"  # The reward (§6.3); bottleneck: the paper's.
+    num_negatives: int = 256  # Fresh prior draws z'_j per gradient step in the bound's negative term.
+    gamma: float = 0.99  # Discount of the successor features.
+    tau: float = 0.005  # Polyak step of the target ψ networks after every gradient step.
+    lr: float = 1e-4  # Adam learning rate of φ, ψ, π and log α.
+    alpha_init: float = 0.01  # Initial entropy temperature α, tuned towards the entropy -|A|/2.
 
 
 # Every numeric flag and the values that mean something ("[" closed end, "(" open end); NaN is never inside.
@@ -172,173 +100,84 @@ FLAG_RANGES = {
     "grad_steps_per_epoch": "[0, inf)", "learning_starts": "[0, inf)", "batch_size": "[1, inf)",
     "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)", "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)",
     "num_eval_skills": "[1, inf)", "xi": "[0, inf)", "num_negatives": "[1, inf)", "gamma": "[0, 1)",
-    "tau": "(0, 1]", "lr": "(0, inf)", "alpha_init": "(0, inf)",
-}
-# Every choice flag and its choices.
-FLAG_CHOICES = {"critic": ("inner", "mlp", "gaussian", "laplacian"), "reward": ("bottleneck", "mutual-information")}
+    "tau": "(0, 1]", "lr": "(0, inf)", "alpha_init": "(0, inf)"}
 # What --resume may change: neither the learning problem nor the random streams depend on these.
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
-                     "buffer_on_device", "track", "wandb_project_name", "wandb_entity", "capture_video", "compile",
-                     "cudagraphs", "bf16")
+                     "buffer_on_device", "cudagraphs", "compile", "bf16", "track", "wandb_project_name",
+                     "wandb_entity", "capture_video")
 
 
-# ======================================================================================================================
-# THE ALGORITHM
-# ======================================================================================================================
-
-# ---------------------------------------------------------------- the losses (paper §5, Alg. 1)
 def sample_skills(n, skill_dim, generator=None, device=None):
-    """z ~ p(z) = Unif(S^{d-1}) (paper §3): a standard normal draw scaled to unit length, as the official
-    iod/metra.py: METRA._get_train_trajectories_kwargs draws it (unit_length), made on `device`."""
+    """z ~ p(z) = Unif(S^{d-1}): a standard normal draw scaled to unit length, as the official code draws it."""
     z = torch.randn(n, skill_dim, generator=generator, device=device)
     return z / z.norm(dim=-1, keepdim=True)
 
 
-def transition_features(phi, obs, next_obs, critic="inner"):
-    """x(s, s') = φ(s') - φ(s), what the critic compares with z (the ablation --critic mlp: φ of the pair (s, s'))."""
+def transition_features(phi, obs, next_obs, critic):
+    """Δφ = φ(s') - φ(s), what the critic compares with z (the ablation --critic mlp: φ of the pair (s, s'))."""
     return phi(torch.cat([obs, next_obs], -1)) if critic == "mlp" else phi(next_obs) - phi(obs)
 
 
-def critic_value(x, skill, critic="inner"):
-    """f(s, s', z) = xᵀz, x = φ(s') - φ(s): the paper's inner-product critic (Eq. 8), broadcasting. --critic mlp
-    uses it on its own x; the kernel critics are ablations (below)."""
-    if critic in KERNEL_CRITICS:
-        return kernel_critic_value(x, skill, critic)
-    return (x * skill).sum(-1)
-
-
-def negative_logsumexp(x, negatives, critic="inner"):
-    """log Σ_j exp f(s, s', z'_j) per sample, over the M negatives shared by the batch: (B,)."""
-    if critic in KERNEL_CRITICS:
-        return torch.logsumexp(kernel_critic_value(x[:, None], negatives[None], critic), dim=-1)
-    return torch.logsumexp(x @ negatives.T, dim=-1)
-
-
-def contrastive_phi_loss(dphi, skill, negatives, xi, critic="inner"):
-    """L(φ) = -E[f(s, s', z)] + ξ E[log Σ_j exp f(s, s', z'_j)], f = (φ(s') - φ(s))ᵀz   (paper Eq. 10 with ξ, Alg. 1)
-
-    dphi: (B, d) = φ(s') - φ(s) (or MLP(s, s')); skill: (B, d) the positives; negatives: (M, d) prior samples shared
-    by the batch. A plain log-sum-exp (no 1/M, no temperature), the positive not among the negatives, as the official
-    iod/metra.py: _update_loss_te computes it. Returns the loss and the batch mean of the log-sum-exp term, which sits
-    at log M while Δφ ≈ 0.
-    """
-    positive = critic_value(dphi, skill, critic)  # f(s, s', z)
-    logsumexp = negative_logsumexp(dphi, negatives, critic)  # log Σ_j exp f(s, s', z'_j)
-    return -(positive - xi * logsumexp).mean(), logsumexp.mean()
+def contrastive_phi_loss(dphi, skill, negatives, xi):
+    """L(φ) = -E[Δφᵀz] + ξ E[log Σ_j exp Δφᵀz'_j] (Eq. 10 with ξ; Alg. 1, line 5), negatives (M, d) shared by the batch,
+    no 1/M, no positive (iod/metra.py: _update_loss_te). Returns the loss and the mean log-sum-exp (log M at Δφ = 0)."""
+    logsumexp = torch.logsumexp(dphi @ negatives.T, dim=-1)
+    return -((dphi * skill).sum(-1) - xi * logsumexp).mean(), logsumexp.mean()
 
 
 def sf_value(psi, skill):
-    """Q = ψᵀz (paper §5.2), plus the scalar head ψ₀ of the ablations whose reward is not linear in z."""
+    """Q = ψᵀz (§5.2), plus the scalar head ψ₀ of the ablations whose reward is not linear in z."""
     value = (psi[..., : skill.shape[-1]] * skill).sum(-1)
     return value + psi[..., -1] if psi.shape[-1] > skill.shape[-1] else value
 
 
 def successor_feature_target(dphi, next_psi, skill, gamma):
-    """ψ̂ = φ(s') - φ(s) + γ ψ̄_k(s', a', z), k = argmin_k ψ̄_k(s', a', z)ᵀz per sample   (paper §5.2)
-
-    next_psi: (critics, B, d), every target net's ψ̄(s', a', z). The whole vector of the target net with the smaller
-    value ψ̄ᵀz (not an elementwise min), no entropy term, never terminal (the 200-step time limit is not an end of the
-    task), as the official iod/metra_sf.py: _update_loss_sf_td builds it. With a scalar head, dphi ends with the
-    reward's part that is not linear in z, and the values include ψ̄₀.
-    """
-    smaller = sf_value(next_psi, skill).argmin(0)  # (B,): which target net has the smaller ψ̄ᵀz
+    """ψ̂ = Δφ + γ ψ̄_k(s', a', z), k = argmin_k ψ̄_kᵀz per sample (next_psi: (critics, B, d)): the whole vector of the
+    smaller target, no entropy term, never terminal (the official iod/metra_sf.py)."""
+    smaller = sf_value(next_psi, skill).argmin(0)
     return dphi + gamma * next_psi[smaller, torch.arange(len(skill), device=skill.device)]
 
 
-def temperature_loss(log_alpha, log_prob, target_entropy):
-    """L(α) = -E[log α (log π(a|s, z) + H̄)]: α grows while the entropy -log π is below H̄ = -|A|/2, the official
-    iod/sac_utils.py's target, half the usual -|A|."""
-    return -(log_alpha * (log_prob + target_entropy)).mean()
-
-
-# ---------------------------------------------------------------- the losses of one gradient step (Alg. 1, lines 5-7)
-def phi_objective(phi, obs, next_obs, skill, negatives, xi, critic):
-    """The φ step's loss, the negative contrastive lower bound, and its log-sum-exp term."""
-    return contrastive_phi_loss(transition_features(phi, obs, next_obs, critic), skill, negatives, xi, critic)
-
-
 def psi_objective(psi, psi_target, phi, actor, obs, action, next_obs, skill, negatives, args):
-    """L(ψ) = Σ_k E[(ψ_k(s, a, z) - (φ(s') - φ(s) + γ ψ̄(s', a', z)))²], a' ~ π(·|s', z)   (paper §5.2, Alg. 1)
-
-    This is where the reward (φ(s') - φ(s))ᵀz of Eq. 11 lives: ψ regresses the vector Δφ, and Q = ψᵀz, so the reward
-    is never computed as a scalar. The twin critics ψ_k share the target, from the twin targets ψ̄_k."""
+    """L(ψ) = Σ_k mean over the batch and the d components of (ψ_k(s, a, z) - ψ̂)², ψ̂ from the φ just updated
+    (Alg. 1, line 6): Eq. 11's reward enters here, as the vector Δφ, since Q = ψᵀz."""
     with torch.no_grad():
         next_action, _ = actor.sample(next_obs, skill)
-        cumulant = transition_features(phi, obs, next_obs, args.critic)  # Δφ, from the φ just updated
-        if needs_scalar_head(args.critic, args.reward):  # an ablation's reward: its remainder r - Δφᵀz goes to ψ₀
-            cumulant = with_reward_remainder(cumulant, skill, negatives, args.xi, args.critic, args.reward)
+        cumulant = transition_features(phi, obs, next_obs, args.critic)
+        cumulant = with_reward_remainder(cumulant, skill, negatives, args) if psi[0].scalar_head else cumulant
         next_psi = torch.stack([net(next_obs, skill, next_action) for net in psi_target])
         target = successor_feature_target(cumulant, next_psi, skill, args.gamma)
     return sum(F.mse_loss(net(obs, skill, action), target) for net in psi)
 
 
 def actor_objective(actor, psi, obs, skill, alpha):
-    """L(π) = E[α log π(a|s,z) - min_k ψ_k(s, a, z)ᵀz], a ~ π(·|s, z)   (paper Alg. 1 plus the SAC entropy)"""
+    """L(π) = E[α log π(a|s, z) - min_k ψ_k(s, a, z)ᵀz], a ~ π(·|s, z)   (Alg. 1, line 7, with SAC's entropy)"""
     new_action, log_prob = actor.sample(obs, skill)
     q = torch.stack([sf_value(net(obs, skill, new_action), skill) for net in psi]).amin(0)
     return (alpha * log_prob - q).mean(), log_prob
 
 
-# ---------------------------------------------------------------- the paper's ablations (§6.3): skip on a first reading
-# --critic mlp / gaussian / laplacian and --reward mutual-information; with the default flags none of this changes
-# anything.
-KERNEL_CRITICS = ("gaussian", "laplacian")
+def temperature_loss(log_alpha, log_prob, target_entropy):
+    """L(α) = -E[log α (log π(a|s, z) + H̄)], H̄ = -|A|/2 (the official iod/sac_utils.py's, half the usual -|A|)."""
+    return -(log_alpha * (log_prob + target_entropy)).mean()
 
 
-def kernel_critic_value(x, skill, critic):
-    """The kernel critics of §6.3, with z: gaussian -½‖x - z‖², laplacian -‖x - z‖₁ (broadcasting)."""
-    if critic == "gaussian":
-        return -0.5 * (x - skill).pow(2).sum(-1)
-    return -(x - skill).abs().sum(-1)
-
-
-def intrinsic_reward(x, skill, negatives, xi, critic="inner", reward="bottleneck"):
-    """r(s, s', z): the bottleneck reward f(s, s', z) (paper Eq. 11: the negative term left out), or with
-    --reward mutual-information the per-sample contrastive bound f(s, s', z) - ξ log Σ_j exp f(s, s', z'_j)."""
-    r = critic_value(x, skill, critic)
-    return r - xi * negative_logsumexp(x, negatives, critic) if reward == "mutual-information" else r
-
-
-def needs_scalar_head(critic, reward):
-    """Whether the reward is not linear in z (a kernel critic, or the mutual-information reward), so that ψ needs
-    the scalar head ψ₀ for its remainder r - Δφᵀz."""
-    return critic in KERNEL_CRITICS or reward == "mutual-information"
-
-
-def with_reward_remainder(dphi, skill, negatives, xi, critic, reward):
-    """The cumulant of ψ and its scalar head: Δφ, then the remainder r - Δφᵀz as one more column: (B, d + 1)."""
-    r = intrinsic_reward(dphi, skill, negatives, xi, critic, reward)
-    return torch.cat([dphi, (r - (dphi * skill).sum(-1))[:, None]], -1)
-
-
-def phi_input_space(observation_space, critic):
-    """What φ reads: an observation, or with --critic mlp the pair (s, s') concatenated along the last axis
-    (channels on pixels)."""
-    if critic != "mlp":
-        return observation_space
-    return gym.spaces.Box(np.concatenate([observation_space.low] * 2, -1),
-                          np.concatenate([observation_space.high] * 2, -1), dtype=observation_space.dtype)
-
-
-# ---------------------------------------------------------------- the networks (official run/train.py)
 def mlp(in_dim, hidden_dim, out_dim, activation, init):
     """Linear → act → Linear → act → Linear, zero biases."""
     net = nn.Sequential(nn.Linear(in_dim, hidden_dim), activation(), nn.Linear(hidden_dim, hidden_dim),
                         activation(), nn.Linear(hidden_dim, out_dim))
-    for layer in net:
-        if isinstance(layer, nn.Linear):
-            init(layer.weight)
-            nn.init.zeros_(layer.bias)
+    for layer in net[::2]:
+        init(layer.weight)
+        nn.init.zeros_(layer.bias)
     return net
 
 
 class Phi(nn.Module):
-    """φ(s) ∈ R^d, the state representation (ReLU MLP, Xavier-uniform; the official code's "trajectory encoder")."""
+    """φ(s) ∈ R^d (ReLU, Xavier-uniform). Every network owns its pixel encoder (garagei's with_encoder.py)."""
 
-    def __init__(self, observation_space, skill_dim, hidden_dim):
+    def __init__(self, space, skill_dim, hidden_dim):
         super().__init__()
-        # every network owns its encoder, as in the official garagei/torch/modules/with_encoder.py
-        self.encoder, features = envs.make_encoder(observation_space)
+        self.encoder, features = envs.make_encoder(space)
         self.net = mlp(features, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_)
 
     def forward(self, obs):
@@ -346,30 +185,27 @@ class Phi(nn.Module):
 
 
 class SuccessorFeatures(nn.Module):
-    """ψ(s, a, z) ∈ R^d: the discounted sum of future Δφ under π(·|·, z); Q(s, a, z) = ψ(s, a, z)ᵀz. With
-    scalar_head, one more output ψ₀ sums the reward's part that is not linear in z: Q = ψᵀz + ψ₀."""
+    """ψ(s, a, z) ∈ R^d (ReLU, Xavier-normal); with scalar_head (the ablations), one more output ψ₀."""
 
-    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim, scalar_head=False):
+    def __init__(self, space, action_dim, skill_dim, hidden_dim, scalar_head=False):
         super().__init__()
-        self.encoder, features = envs.make_encoder(observation_space)
+        self.encoder, features = envs.make_encoder(space)
         self.net = mlp(features + skill_dim + action_dim, hidden_dim, skill_dim + scalar_head, nn.ReLU,
                        nn.init.xavier_normal_)
+        self.scalar_head = scalar_head
 
     def forward(self, obs, skill, action):
         return self.net(torch.cat([self.encoder(obs), skill, action], -1))
 
 
 class Actor(nn.Module):
-    """π(a | s, z): tanh-squashed Gaussian on a tanh trunk, output layers initialised 10x smaller."""
+    """π(a | s, z): a tanh-squashed Gaussian on a tanh trunk, its heads initialised 10x smaller."""
 
-    LOG_STD_MIN, LOG_STD_MAX = math.log(1e-6), 2.0
-
-    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
+    def __init__(self, space, action_dim, skill_dim, hidden_dim):
         super().__init__()
-        self.encoder, features = envs.make_encoder(observation_space)
+        self.encoder, features = envs.make_encoder(space)
         self.trunk = mlp(features + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
-        self.mean = nn.Linear(hidden_dim, action_dim)
-        self.log_std = nn.Linear(hidden_dim, action_dim)
+        self.mean, self.log_std = nn.Linear(hidden_dim, action_dim), nn.Linear(hidden_dim, action_dim)
         for head in (self.mean, self.log_std):
             nn.init.xavier_normal_(head.weight)
             head.weight.data.mul_(0.1)
@@ -377,14 +213,12 @@ class Actor(nn.Module):
 
     def forward(self, obs, skill):
         h = self.trunk(torch.cat([self.encoder(obs), skill], -1))
-        return self.mean(h), self.log_std(h).clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
+        return self.mean(h), self.log_std(h).clamp(math.log(1e-6), 2.0)
 
-    def sample(self, obs, skill):
-        """A reparameterized action and its log-probability, with the tanh correction."""
+    def sample(self, obs, skill):  # a reparameterized action, its log-probability with the tanh correction
         mean, log_std = self(obs, skill)
-        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaNs are caught per epoch
-        u = normal.rsample()
-        action = torch.tanh(u)
+        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaN: caught per epoch
+        action = torch.tanh(u := normal.rsample())
         log_prob = normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
         return action, log_prob
 
@@ -397,68 +231,38 @@ def frozen(modules):
     """No gradient into these modules' weights while the block runs; one still flows through them to their inputs."""
     for module in modules:
         module.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for module in modules:
-            module.requires_grad_(True)
-
-
-# ---------------------------------------------------------------- the replay buffer
-def to_device(array, device):
-    """A host array as a tensor on `device`; to a GPU through pinned memory, without waiting for the copy."""
-    tensor = torch.from_numpy(array)
-    return tensor.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else tensor
-
-
-def stack_frames(frames):
-    """(B, k, *frame_shape) frames, oldest first → (B, *obs_shape): the frames along the last axis, as the env
-    stacks them (a state vector, k = 1, is its one frame)."""
-    return frames.movedim(1, -2).flatten(-2).contiguous()
+    yield
+    for module in modules:
+        module.requires_grad_(True)
 
 
 class ReplayBuffer:
-    """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement, as from the
-    official garagei/replay_buffer/path_buffer_ex.py.
+    """A ring of whole trajectories, sampled with replacement, each pixel frame stored once; numpy on the host, or torch
+    on `device` (the official path_buffer_ex.py)."""
 
-    Observations are stored once per time step (s'_t is s_{t+1}), and of a stacked pixel observation only its
-    newest frame, as uint8: the stack is rebuilt by index, oldest frame first, the first frame repeated at
-    the start of a trajectory, as the env built it. A 300k-transition pixel buffer then takes 3.7 GB instead
-    of the official 22 GB (obs and next_obs, all 3 frames each). The capacity is rounded down to whole
-    trajectories.
-    """
-
-    def __init__(self, capacity, horizon, observation_space, frame_stack, action_dim, skill_dim, rng, device=None):
-        """device: where the storage lives and the training batches are drawn (--buffer-on-device); None keeps the
-        storage in host memory as numpy arrays, whose gather is several times faster than torch's on a CPU."""
-        frame_shape = observation_space.shape[:-1] + (observation_space.shape[-1] // frame_stack,)
-        num_trajectories = capacity // horizon
-        self.horizon, self.frame_stack, self.rng, self.device = horizon, frame_stack, rng, device
-        self.frames = self.zeros((num_trajectories, horizon + 1, *frame_shape), observation_space.dtype)
-        self.actions = self.zeros((num_trajectories, horizon, action_dim), np.float32)
-        self.skills = self.zeros((num_trajectories, skill_dim), np.float32)
+    def __init__(self, capacity, horizon, space, frame_stack, action_dim, skill_dim, rng, device=None):
+        frame_shape = space.shape[:-1] + (space.shape[-1] // frame_stack,)
+        n = capacity // horizon  # whole trajectories
+        self.horizon, self.rng, self.device, self.pos, self.num_stored = horizon, rng, device, 0, 0  # in trajectories
+        self.frames = self.zeros((n, horizon + 1, *frame_shape), space.dtype)
+        self.actions = self.zeros((n, horizon, action_dim), np.float32)
+        self.skills = self.zeros((n, skill_dim), np.float32)
         self.frame_offsets = self.to_storage(np.arange(1 - frame_stack, 2))  # frames t-k+1..t+1 of a transition at t
-        # the training draws on the device have their own generator, seeded from the replay stream
         self.generator = None if device is None else torch.Generator(device).manual_seed(int(rng.integers(2**62)))
-        self.pos, self.num_stored = 0, 0  # in trajectories
 
     def zeros(self, shape, dtype):
-        dtype = np.dtype(dtype)
-        return np.zeros(shape, dtype) if self.device is None else torch.zeros(shape, dtype=getattr(torch, dtype.name),
-                                                                              device=self.device)
+        return np.zeros(shape, dtype) if self.device is None else torch.zeros(
+            shape, dtype=getattr(torch, np.dtype(dtype).name), device=self.device)
 
-    def to_storage(self, array, like=None):
-        """A host array as the storage holds it: itself, or a tensor on the buffer's device (in `like`'s dtype)."""
-        if self.device is None:
-            return array
-        return torch.as_tensor(array, dtype=None if like is None else like.dtype, device=self.device)
+    def to_storage(self, array, like=None):  # in `like`'s dtype
+        return array if self.device is None else torch.as_tensor(
+            array, dtype=None if like is None else like.dtype, device=self.device)
 
     @property
     def size(self):  # stored transitions
         return self.num_stored * self.horizon
 
-    def add(self, observations, actions, skills):
-        """observations: (n, horizon + 1, *obs_shape) with the final one; actions: (n, horizon, |A|); skills: (n, d)."""
+    def add(self, observations, actions, skills):  # (n, horizon + 1, *obs_shape), (n, horizon, |A|), (n, d)
         n, capacity = len(observations), len(self.frames)
         idx = self.to_storage((self.pos + np.arange(n)) % capacity)
         self.frames[idx] = self.to_storage(observations[..., -self.frames.shape[-1]:], self.frames)  # newest frames
@@ -466,123 +270,103 @@ class ReplayBuffer:
         self.skills[idx] = self.to_storage(skills, self.skills)
         self.pos, self.num_stored = (self.pos + n) % capacity, min(self.num_stored + n, capacity)
 
-    def gather(self, batch_size, rng=None):
-        """The host's part of a minibatch of transitions, uniform (with replacement): whole frames only, those of s
-        and s' in one (B, k + 1) block, so the copy runs at memcpy speed; stacking them is left to the device.
-        A training batch of a buffer on the device is drawn there; `rng` (evaluation's) draws on the host."""
+    def gather(self, batch_size, rng=None):  # the frames of s and s' as a (B, k + 1) block; `rng`: on the host
         if self.device is None or rng is not None:
             i = self.to_storage((rng or self.rng).integers(0, self.size, batch_size))
         else:
             i = torch.randint(0, self.size, (batch_size,), generator=self.generator, device=self.device)
         trajectory, t = i // self.horizon, i % self.horizon
-        steps = (t[:, None] + self.frame_offsets).clip(min=0)  # frames t-k+1..t+1, the first repeated before t = 0
+        steps = (t[:, None] + self.frame_offsets).clip(min=0)  # the first frame repeated before t = 0
         return {"frames": self.frames[trajectory[:, None], steps], "action": self.actions[trajectory, t],
                 "skill": self.skills[trajectory]}
 
-    def sample(self, batch_size, device, rng=None):
-        """A minibatch on `device`: each field copied there once (pinned, without waiting, on a GPU), and the stacks
-        of s (frames 0..k-1) and s' (frames 1..k) built there, where reordering bytes is cheap. A buffer on the
-        device copies nothing."""
+    def sample(self, batch_size, device, rng=None):  # copied to `device` pinned, without waiting; stacked there
         batch = self.gather(batch_size, rng)
         if self.device is None:
-            batch = {key: to_device(value, device) for key, value in batch.items()}
+            batch = {key: torch.from_numpy(value) for key, value in batch.items()}
+            if torch.device(device).type == "cuda":
+                batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
         frames = batch.pop("frames")
-        return {"obs": stack_frames(frames[:, :-1]), "next_obs": stack_frames(frames[:, 1:]), **batch}
+        return {"obs": frames[:, :-1].movedim(1, -2).flatten(-2).contiguous(),
+                "next_obs": frames[:, 1:].movedim(1, -2).flatten(-2).contiguous(), **batch}
 
-    def state_dict(self):
+    def state_dict(self):  # tensors, which torch.save does not copy as it does arrays
         n = self.num_stored
-        # Tensors over the arrays, not copies: torch.save writes them as they are, while a pickled numpy array
-        # is copied several times over in memory on its way to disk (a pixel buffer's 1-3 GB, 4-5 times).
-        # On the device, the arrays are copied to the host first, so that any machine can resume the run.
         return {"pos": self.pos, "num_stored": n, "frames": torch.as_tensor(self.frames[:n]).cpu(),
                 "actions": torch.as_tensor(self.actions[:n]).cpu(), "skills": torch.as_tensor(self.skills[:n]).cpu(),
                 "generator": None if self.generator is None else self.generator.get_state()}
 
     def load_state_dict(self, state):
         self.pos, self.num_stored = state["pos"], state["num_stored"]
-        n = self.num_stored
         for name in ("frames", "actions", "skills"):
-            getattr(self, name)[:n] = state[name] if self.device is None else state[name].to(self.device)
-        if self.generator is not None and state.get("generator") is not None:  # else: moved to the device at resume
+            getattr(self, name)[:self.num_stored] = state[name] if self.device is None else state[name].to(self.device)
+        if self.generator is not None and state.get("generator") is not None:  # None: moved to the device
             self.generator.set_state(state["generator"])
 
 
-# ---------------------------------------------------------------- the training loop
 def main(args, ckpt=None):
-    """Alg. 1, epoch by epoch (the official iod/iod.py: IOD.train): evaluate every `eval_every` epochs (epoch 0
-    included); collect `num_envs` trajectories of the env's horizon, one skill z ~ p(z) each; then, once
-    `learning_starts` transitions are stored, take `grad_steps_per_epoch` gradient steps (`update`). `ckpt`: the
-    checkpoint to resume from (parse_args loads it)."""
+    """CSF epoch by epoch (Alg. 1; iod/iod.py: IOD.train): evaluate, collect, update; checkpoints, logs, a NaN stop."""
     spec = envs.ENV_SPECS[args.env_id]
     steps_per_epoch = args.num_envs * spec.horizon
     num_epochs = args.total_env_steps // steps_per_epoch
-    run_name, run_dir, checkpoint_path, writer = start_run(args, ckpt)  # folder, Ctrl-C, W&B, TensorBoard
-
-    # ------------------------------------------------------------ seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    run_name, run_dir, writer = start_run(args, ckpt)
+    torch.manual_seed(args.seed)  # the networks' initialisation, the skills, the policy's noise
     rng = np.random.default_rng(args.seed)  # replay sampling
-    eval_rng = np.random.default_rng(args.seed + 1)  # evaluation has its own streams, so it never changes training
-    eval_generator = torch.Generator().manual_seed(args.seed + 1)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on the GPUs that have them
-
-    # ------------------------------------------------------------ envs
-    train_envs, eval_envs = make_envs(args)  # trajectories of exactly the horizon, never reset on their own
-    observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
-    action_dim = train_envs.single_action_space.shape[0]
-    d = args.skill_dim
-    check_memory(args, observation_space, action_dim, spec.horizon, spec.frame_stack, device)
-
-    # ------------------------------------------------------------ networks, optimizers, replay buffer
-    phi = Phi(phi_input_space(observation_space, args.critic), d, args.hidden_dim).to(device)
-    scalar_head = needs_scalar_head(args.critic, args.reward)  # False for the paper's CSF
-    psi = [SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim, scalar_head).to(device)
-           for _ in range(2)]  # twin critics, as SAC's
-    psi_target = [SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim, scalar_head).to(device)
-                  for _ in psi]
+    try:  # a world that cannot render: one line
+        num_video_envs = min(4, args.num_eval_skills) if args.capture_video else 0
+        train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
+                                               args.num_eval_skills, args.seed, num_video_envs, args.parallel_envs)
+    except (envs.RenderUnavailable, MemoryError) as e:
+        error(e)
+    streams = {"rng": rng, "eval_rng": np.random.default_rng(args.seed + 1),  # evaluation's own
+               "eval_generator": torch.Generator().manual_seed(args.seed + 1), "envs": (train_envs, eval_envs)}
+    space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
+    action_dim, d = train_envs.single_action_space.shape[0], args.skill_dim
+    check_memory(args, space, action_dim, spec.horizon, spec.frame_stack, device)
+    kernel_critic = args.critic in ("gaussian", "laplacian")  # ablations, as --reward mutual-information below
+    scalar_head = kernel_critic or args.reward == "mutual-information"  # a reward that is not linear in z
+    phi = Phi(pair_space(space) if args.critic == "mlp" else space, d, args.hidden_dim).to(device)
+    psi = [SuccessorFeatures(space, action_dim, d, args.hidden_dim, scalar_head).to(device) for _ in range(2)]
+    psi_target = [SuccessorFeatures(space, action_dim, d, args.hidden_dim, scalar_head).to(device) for _ in psi]
     for net, target in zip(psi, psi_target):
         target.load_state_dict(net.state_dict())
-    actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
+    actor = Actor(space, action_dim, d, args.hidden_dim).to(device)
     if args.bf16:
         envs.encoders_in_bf16(phi, *psi, *psi_target, actor)
     log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
-    target_entropy = -action_dim / 2  # H̄ = -|A|/2, the official code's (temperature_loss)
-    adam = adam_options(args, device)  # foreach Adam; fused under --cudagraphs alone
+    target_entropy = -action_dim / 2  # H̄ = -|A|/2, the official code's
+    adam = adam_options(args, device)
+    psi_params, psi_target_params = ([p for net in nets for p in net.parameters()] for nets in (psi, psi_target))
     phi_optimizer = torch.optim.Adam(phi.parameters(), **adam)
-    psi_params = [param for net in psi for param in net.parameters()]
-    psi_target_params = [param for net in psi_target for param in net.parameters()]
     psi_optimizer = torch.optim.Adam(psi_params, **adam)  # one optimizer for the twins, on the sum of their losses
     actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
     alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
-    rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng,
+    rb = ReplayBuffer(args.buffer_size, spec.horizon, space, spec.frame_stack, action_dim, d, rng,
                       device if args.buffer_on_device else None)
-
     modules = {"phi": phi, **{f"psi{k}": net for k, net in enumerate(psi, 1)},  # the checkpoint's keys
                **{f"psi{k}_target": net for k, net in enumerate(psi_target, 1)}, "actor": actor,
                "phi_optimizer": phi_optimizer, "psi_optimizer": psi_optimizer, "actor_optimizer": actor_optimizer,
-               "alpha_optimizer": alpha_optimizer}
+               "alpha_optimizer": alpha_optimizer, "log_alpha": log_alpha}
     start_epoch, grad_steps, wall_time, since_eval = 0, 0, 0.0, new_window()
     if ckpt:
-        start_epoch, grad_steps, wall_time, since_eval = restore_checkpoint(
-            ckpt, args, run_dir, modules, log_alpha, rb, rng, eval_rng, eval_generator,
-            (train_envs, eval_envs), device)
+        start_epoch, grad_steps, wall_time, since_eval = restore_checkpoint(ckpt, args, modules, rb, streams, device)
 
-    # ------------------------------------------------------------ one gradient step (Alg. 1, lines 4-9)
     def update(batch):
-        """One gradient step on one minibatch (Alg. 1, lines 4-9): φ on the contrastive lower bound; ψ on its TD
-        target, then the Polyak step of ψ̄; π on min_k ψ_kᵀz + α H(π); α towards the entropy -|A|/2. Returns the step's
-        stats by name, left on the device: nothing in a step waits for the host."""
+        """Alg. 1, lines 4-9: φ on the bound; ψ on its TD target, then ψ̄; π on min_k ψ_kᵀz + α H(π); α. Returns the
+        stats by name, on the device: nothing waits for the host."""
         obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
-        with record_function("phi step"):  # on the contrastive lower bound
+        with record_function("phi step"):
             negatives = sample_skills(args.num_negatives, d, device=device)  # z'_j ~ p(z), fresh, for the batch
-            phi_loss, logsumexp = phi_objective(phi, obs, next_obs, skill, negatives, args.xi, args.critic)
+            dphi = transition_features(phi, obs, next_obs, args.critic)
+            phi_loss, logsumexp = (ablation_phi_loss(dphi, skill, negatives, args.xi, args.critic) if kernel_critic
+                                   else contrastive_phi_loss(dphi, skill, negatives, args.xi))
             phi_optimizer.zero_grad()
             phi_loss.backward()
             phi_optimizer.step()
-        with record_function("psi step"):  # then the target networks: ψ̄ ← (1 - τ) ψ̄ + τ ψ, every tensor in one call
+        with record_function("psi step"):  # then the targets: ψ̄ ← (1 - τ) ψ̄ + τ ψ, every tensor in one call
             psi_loss = psi_objective(psi, psi_target, phi, actor, obs, action, next_obs, skill, negatives, args)
             psi_optimizer.zero_grad()
             psi_loss.backward()
@@ -595,7 +379,7 @@ def main(args, ckpt=None):
             actor_optimizer.zero_grad()
             actor_loss.backward()
             actor_optimizer.step()
-        with record_function("alpha step"):  # towards the target entropy
+        with record_function("alpha step"):
             alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
             alpha_optimizer.zero_grad()
             alpha_loss.backward()
@@ -603,23 +387,24 @@ def main(args, ckpt=None):
         return {"phi_loss": phi_loss.detach(), "psi_loss": psi_loss.detach(), "actor_loss": actor_loss.detach(),
                 "alpha_loss": alpha_loss.detach(), "logsumexp": logsumexp.detach(), "alpha": alpha}
 
-    update = fast_path(update, args, device)  # --compile, --cudagraphs; without them, `update` itself
-
-    # ------------------------------------------------------------ the loop: evaluate, collect, update
+    if args.compile:  # on a CPU, with eager's random draws
+        torch._inductor.config.fallback_random = device.type == "cpu"
+        update = torch.compile(update)
+    if args.cudagraphs and device.type != "cuda":
+        print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them", flush=True)
+    update = CudaGraphStep(update) if args.cudagraphs and device.type == "cuda" else update
     segment_start = time.time()
     for epoch in range(start_epoch, num_epochs + 1):
-        # evaluate and checkpoint at the start of the epoch: what the previous `epoch` epochs produced
+        # evaluate and checkpoint what the previous `epoch` epochs produced
         if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
-            evaluate(epoch, grad_steps, wall_time + time.time() - segment_start, window_stats(since_eval), args,
-                     actor, phi, rb, eval_envs, eval_rng, eval_generator, device, run_dir, writer)
+            evaluate(epoch, grad_steps, wall_time + time.time() - segment_start, since_eval, args, actor, phi, rb,
+                     eval_envs, streams, device, run_dir, writer)
             since_eval = new_window()
         if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
-            save_checkpoint(checkpoint_path, args, run_name, epoch, grad_steps, wall_time + time.time() - segment_start,
-                            since_eval, modules, log_alpha, rb, rng, eval_rng, eval_generator,
-                            (train_envs, eval_envs), device)
+            save_checkpoint(run_dir, args, run_name, epoch, grad_steps, wall_time + time.time() - segment_start,
+                            since_eval, modules, rb, streams, device)
         if epoch == num_epochs:
             break
-
         # collect one trajectory per env, one skill each, with the stochastic policy (Alg. 1, line 3)
         skills = sample_skills(args.num_envs, d).to(device)
         obs, _ = train_envs.reset()
@@ -628,234 +413,173 @@ def main(args, ckpt=None):
             for t in range(spec.horizon):
                 action = finite(actor.sample(torch.as_tensor(obs, device=device), skills)[0], epoch)
                 obs, _, terminated, truncated, _ = train_envs.step(action)
-                # never terminal, cut by the time limit exactly at the horizon: the buffer's trajectory layout
+                # never terminal, cut exactly at the horizon: the buffer's trajectory layout
                 assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)
-                observations.append(obs)  # after the last step, the final observation; reset() starts the next epoch
+                observations.append(obs)  # the last: the final observation
                 actions.append(action)
         rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
         since_eval["env_steps"] += steps_per_epoch
-        env_steps = (epoch + 1) * steps_per_epoch
-
-        # update: gradient steps, each on its own minibatch (Alg. 1, lines 4-9)
+        # gradient steps, each on its own minibatch, once learning_starts transitions are stored
+        train_start, step_stats = time.time(), []
         if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
-            train_start, step_stats = time.time(), []
             for _ in range(args.grad_steps_per_epoch):
                 with record_function("sampling"):
                     batch = rb.sample(args.batch_size, device)
                 step_stats.append(update(batch))
-            names, per_step = stack_stats(step_stats)  # (steps, stats)
-            stop_at_a_non_finite_loss(names, per_step, grad_steps, epoch, resume_hint(checkpoint_path))
             grad_steps += args.grad_steps_per_epoch
-            record_epoch(since_eval, dict(zip(names, per_step.mean(0))), args.grad_steps_per_epoch,
-                         time.time() - train_start, writer, env_steps)
-        log_epoch(writer, epoch, env_steps, grad_steps, (epoch + 1 - start_epoch) * steps_per_epoch,
-                  time.time() - segment_start, since_eval, args.total_env_steps)
+        sps = (epoch + 1 - start_epoch) * steps_per_epoch / (time.time() - segment_start)  # this run's, so far
+        log_epoch(writer, epoch, (epoch + 1) * steps_per_epoch, grad_steps, sps, since_eval, args, step_stats,
+                  time.time() - train_start)  # a NaN loss ends the run here
+    for opened in (train_envs, eval_envs, writer):
+        opened.close()
+    if args.track:
+        import wandb
 
-    finish_run(args, run_dir, writer, train_envs, eval_envs)
+        wandb.finish()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as before the run
+    print(f"done: {run_dir}")
 
 
-# ======================================================================================================================
-# INFRASTRUCTURE: what main calls around the algorithm (the command line, start-up, checkpoints, evaluation, logging)
-# ======================================================================================================================
+# ABLATIONS (§6.3): --critic mlp / gaussian / laplacian, --reward mutual-information. Skip them on a first reading.
+def critic_value(x, skill, critic):
+    """f(s, s', z), x = Δφ: inner and mlp xᵀz, gaussian -½‖x - z‖², laplacian -‖x - z‖₁ (broadcasting)."""
+    if critic == "gaussian":
+        return -0.5 * (x - skill).pow(2).sum(-1)
+    return -(x - skill).abs().sum(-1) if critic == "laplacian" else (x * skill).sum(-1)
 
-# ---------------------------------------------------------------- the command line
+
+def negative_logsumexp(x, negatives, critic):
+    """log Σ_j exp f(s, s', z'_j) per sample, over the M negatives shared by the batch: (B,)."""
+    if critic in ("gaussian", "laplacian"):
+        return torch.logsumexp(critic_value(x[:, None], negatives[None], critic), dim=-1)
+    return torch.logsumexp(x @ negatives.T, dim=-1)
+
+
+def ablation_phi_loss(x, skill, negatives, xi, critic):
+    """contrastive_phi_loss with any critic: -E[f(s, s', z)] + ξ E[log Σ_j exp f(s, s', z'_j)], and the mean lse."""
+    logsumexp = negative_logsumexp(x, negatives, critic)
+    return -(critic_value(x, skill, critic) - xi * logsumexp).mean(), logsumexp.mean()
+
+
+def with_reward_remainder(dphi, skill, negatives, args):
+    """ψ's cumulant for a reward r not linear in z: Δφ, then r - Δφᵀz for ψ₀: (B, d + 1). r = f(s, s', z) (Eq. 11's
+    form); under --reward mutual-information, the per-sample bound f(s, s', z) - ξ log Σ_j exp f(s, s', z'_j)."""
+    r = critic_value(dphi, skill, args.critic)
+    if args.reward == "mutual-information":
+        r = r - args.xi * negative_logsumexp(dphi, negatives, args.critic)
+    return torch.cat([dphi, (r - (dphi * skill).sum(-1))[:, None]], -1)
+
+
+def pair_space(space):
+    """What φ reads under --critic mlp: the pair (s, s'), concatenated along the last axis (channels on pixels)."""
+    return gym.spaces.Box(np.concatenate([space.low] * 2, -1), np.concatenate([space.high] * 2, -1), dtype=space.dtype)
+
+
+# INFRASTRUCTURE: the command line, start-up, the fast path, checkpoints, evaluation, logging. A second reading.
 def parse_args(argv=None):
-    """The command line, every unset flag given the paper's value for the env, every value checked (one line on
-    failure). With --resume, the flags the run was started with; a flag given beside it may change only what
-    RESUME_MAY_CHANGE names. Returns the args and the checkpoint (None for a new run)."""
+    """The flags, unset ones the paper's for the env; with --resume, the run's own (only RESUME_MAY_CHANGE's anew)."""
     args, ckpt = tyro.cli(Args, args=argv), None
     if args.resume:
-        ckpt = load_checkpoint(args.resume)
+        if not os.path.isfile(args.resume):
+            error(f"no checkpoint file at {args.resume}")
+        try:
+            ckpt = torch.load(args.resume, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001
+            error(f"{args.resume} is not a readable checkpoint ({type(e).__name__})")
+        if not isinstance(ckpt, dict) or "agent" not in ckpt:
+            error(f"{args.resume} is not a cleanmisl checkpoint")
+        if ckpt["agent"] != AGENT:
+            error(f"{args.resume} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
+        if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
+            error(f"{args.resume} was written by another version of {AGENT}.py")
         args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
         for flag, trained in ckpt["args"].items():
             if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
                 error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
-    if args.env_id not in envs.ENV_SPECS:
-        error(f"unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
-    spec = envs.ENV_SPECS[args.env_id]
-    for flag, paper_value in env_defaults(args.env_id).items():
-        if getattr(args, flag) is None:
-            setattr(args, flag, paper_value)
-    if args.checkpoint_every is None:
-        args.checkpoint_every = args.eval_every
+    for flag, value in env_defaults(args.env_id).items():
+        setattr(args, flag, value if getattr(args, flag) is None else getattr(args, flag))
+    args.checkpoint_every = args.eval_every if args.checkpoint_every is None else args.checkpoint_every
     for flag, interval in FLAG_RANGES.items():
-        if not in_range(getattr(args, flag), interval):
-            error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
-    for flag, choices in FLAG_CHOICES.items():
-        if getattr(args, flag) not in choices:
-            error(f"--{flag.replace('_', '-')} must be one of {', '.join(choices)}, got {getattr(args, flag)!r}")
-    steps_per_epoch = args.num_envs * spec.horizon
-    if args.buffer_size < steps_per_epoch:
-        error(f"--buffer-size must hold one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} transitions), "
-              f"got {args.buffer_size}")
-    if args.total_env_steps < steps_per_epoch:
-        error(f"--total-env-steps must cover one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} env steps), "
-              f"got {args.total_env_steps}")
-    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps,
-                                                                args.buffer_size // spec.horizon * spec.horizon):
+        low, high, value = *(float(end) for end in interval[1:-1].split(",")), getattr(args, flag)
+        if not ((low <= value if interval[0] == "[" else low < value) and  # both False for NaN
+                (value <= high if interval[-1] == "]" else value < high)):
+            error(f"--{flag.replace('_', '-')} must be in {interval}, got {value}")
+    h = envs.ENV_SPECS[args.env_id].horizon
+    ep = args.num_envs * h  # the env steps of one epoch
+    if args.buffer_size < ep:
+        error(f"--buffer-size must hold one epoch (--num-envs × {h} = {ep} transitions), got {args.buffer_size}")
+    if args.total_env_steps < ep:
+        error(f"--total-env-steps must cover one epoch (--num-envs × {h} = {ep} env steps), got {args.total_env_steps}")
+    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps, args.buffer_size // h * h):
         error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
               f"got {args.learning_starts}")
-    if ckpt and args.total_env_steps // steps_per_epoch <= ckpt["epoch"]:
-        error(f"{args.resume} has already trained for {ckpt['epoch'] * steps_per_epoch} env steps; "
-              f"give a larger --total-env-steps to continue it")
+    if ckpt and args.total_env_steps // ep <= ckpt["epoch"]:
+        error(f"{args.resume} has already trained for {ckpt['epoch'] * ep} env steps; give a larger "
+              "--total-env-steps to continue it")
     return args, ckpt
 
 
-def env_defaults(env_id):
-    """The paper's value of each flag whose default depends on the env (--checkpoint-every follows --eval-every)."""
+def env_defaults(env_id):  # the paper's values that depend on the env
     spec = envs.ENV_SPECS[env_id]
     return {"skill_dim": SKILL_DIMS[env_id], "total_env_steps": spec.total_env_steps, "num_envs": spec.num_envs,
             "grad_steps_per_epoch": spec.grad_steps_per_epoch, "buffer_size": spec.buffer_size,
             "eval_every": spec.eval_every}
 
 
-def in_range(value, interval):
-    """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
-    low, high = (float(end) for end in interval[1:-1].split(","))
-    above = low <= value if interval[0] == "[" else low < value
-    below = value <= high if interval[-1] == "]" else value < high
-    return above and below  # both False for NaN
-
-
-def load_checkpoint(path):
-    """The checkpoint at `path`, if it is one of this agent's; one line on failure."""
-    if not os.path.isfile(path):
-        error(f"no checkpoint file at {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        error(f"{path} is not a readable checkpoint ({type(e).__name__})")
-    if not isinstance(ckpt, dict) or "agent" not in ckpt:
-        error(f"{path} is not a cleanmisl checkpoint")
-    if ckpt["agent"] != AGENT:
-        error(f"{path} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
-    if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
-        error(f"{path} was written by another version of {AGENT}.py")
-    return ckpt
-
-
-# ---------------------------------------------------------------- start-up
 def start_run(args, ckpt):
-    """The run's folder (a resumed run goes on in its checkpoint's, whatever the working directory), Ctrl-C as one
-    line naming the checkpoint to resume from, W&B with --track, TensorBoard, and one line with the values of the
-    flags that depend on the env. Returns the run's name, folder, checkpoint path and TensorBoard writer."""
+    """The run's folder (a resumed run's is its checkpoint's), Ctrl-C as one line, W&B, TensorBoard, the flags."""
     run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
     run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    signal.signal(signal.SIGINT, lambda *_: error(f"interrupted; {resume_hint(checkpoint_path)}"))  # writes are atomic
+    signal.signal(signal.SIGINT, lambda *_: error("interrupted", run_dir))  # every write is atomic
     if args.track:
         import wandb
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
-    # TensorBoard writes from a thread: a failed write (a full disk) is raised again at the next add_scalar, and
-    # ends the run with one line there; its thread stays quiet
+    # TensorBoard writes from a thread: a failed write comes back at the next add_scalar
     threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
     writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters",
-                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    spec = envs.ENV_SPECS[args.env_id]
-    print(f"{args.env_id} (horizon {spec.horizon}): "
-          + ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}"
-                      for flag in (*env_defaults(args.env_id), "checkpoint_every"))
+    table = "\n".join(f"|{flag}|{value}|" for flag, value in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    resolved = (*env_defaults(args.env_id), "checkpoint_every")
+    flags = ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}" for flag in resolved)
+    print(f"{args.env_id} (horizon {envs.ENV_SPECS[args.env_id].horizon}): {flags}"
           + (" (the run's own)" if ckpt else " (a flag not given takes the paper's value for the env)"), flush=True)
-    return run_name, run_dir, checkpoint_path, writer
+    return run_name, run_dir, writer
 
 
-def num_video_skills(args):
-    """How many evaluation rollouts the --capture-video video shows side by side (0 without it)."""
-    return min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
-
-
-def make_envs(args):
-    """The training envs (one trajectory each per epoch) and the evaluation envs (one rollout each), seeded, in
-    worker processes unless --no-parallel-envs.
-
-    Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
-    env never resets on its own, so the observation after the last step is the final one (never a reset one). A
-    pixel world that cannot render ends the run with one line."""
-    try:  # a pixel world makes its render context at its first frame: the first reset
-        train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
-                                               args.num_eval_skills, args.seed, num_video_skills(args),
-                                               args.parallel_envs)
-    except (envs.RenderUnavailable, MemoryError) as e:  # a world that cannot render; envs that cannot fit
-        error(e)
-    return train_envs, eval_envs
-
-
-def free_memory(device):
-    """Bytes of memory free now: the GPU's, or the host's (MemAvailable); inf where it cannot be read."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return math.inf
-
-
-def check_memory(args, observation_space, action_dim, horizon, frame_stack, device):
-    """Refuse, before anything is allocated, a run that cannot fit in the memory free now, with what it needs.
-    Lower bounds: the replay buffer in host memory (with --buffer-on-device, on the device); on the device, the
-    hidden-by-hidden weights of φ, ψ1, ψ2 and π with their gradients and Adam's two moments plus ψ's two targets,
-    and one batch of float observations and 8 hidden activations per transition."""
-    frame_bytes = math.prod(observation_space.shape) // frame_stack * observation_space.dtype.itemsize
-    trajectories = args.buffer_size // horizon
-    host = {"the replay buffer (--buffer-size)":
-            trajectories * ((horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim))}
-    on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2),
-                 "one batch (--batch-size)": 4 * args.batch_size * (2 * math.prod(observation_space.shape)
-                                                                    + 8 * args.hidden_dim)}
+def check_memory(args, space, action_dim, horizon, frame_stack, device):
+    """Refuse, before allocating, a run that cannot fit in the memory free now, naming lower bounds of its parts."""
+    frame_bytes = math.prod(space.shape) // frame_stack * space.dtype.itemsize
+    trajectory_bytes = (horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim)
+    host = {"the replay buffer (--buffer-size)": args.buffer_size // horizon * trajectory_bytes}
+    on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2), "one batch (--batch-size)":
+                 4 * args.batch_size * (2 * math.prod(space.shape) + 8 * args.hidden_dim)}
     if args.buffer_on_device:
         host, on_device = {}, {**host, **on_device}
     places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
     for place, parts in places.items():
-        free = free_memory(device if place == "GPU" else torch.device("cpu"))
+        free = torch.cuda.mem_get_info(device)[0] if place == "GPU" else envs.free_host_memory()
         if sum(parts.values()) > free:
-            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: "
-                  + ", ".join(f"{name} {size / 2**30:,.1f}" for name, size in parts.items())
-                  + f"; {free / 2**30:,.1f} GiB is free")
+            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: " + ", ".join(
+                f"{name} {size / 2**30:,.1f}" for name, size in parts.items()) + f"; {free / 2**30:,.1f} GiB is free")
 
 
-def adam_options(args, device):
-    """Eager: foreach Adam, the per-tensor loop's numbers bit for bit in fewer calls. --compile: the same foreach Adam,
-    which torch.compile traces and fuses. --cudagraphs alone: fused Adam, one kernel per optimizer step. Under a CUDA
-    graph, capturable (the step counts on the GPU, so that each replay advances them)."""
+def adam_options(args, device):  # foreach Adam (torch.compile fuses it), fused under --cudagraphs alone
     fused = args.cudagraphs and not args.compile
     capturable = args.cudagraphs and device.type == "cuda"
     return {"lr": args.lr, "fused": fused, "foreach": not fused, "capturable": capturable}
 
 
-def fast_path(update, args, device):
-    """The gradient step that --compile and --cudagraphs ask for: torch.compile'd as one function, and on a GPU
-    replayed as one CUDA graph. On a CPU, --compile keeps eager's random draws, so that only the float rounding
-    differs (the equality test); on a GPU, inductor's own, fused into the kernels."""
-    if args.compile:
-        torch._inductor.config.fallback_random = device.type == "cpu"
-        update = torch.compile(update)
-    if args.cudagraphs and device.type != "cuda":
-        print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them", flush=True)
-    elif args.cudagraphs:
-        update = CudaGraphStep(update)
-    return update
-
-
 class CudaGraphStep:
-    """A gradient step `step(batch) -> stats` replayed as one CUDA graph (--cudagraphs).
-
-    The first WARMUP calls run the step as it is, on a side stream as capture requires (they are real steps; they
-    also compile it under --compile). The next call records the step on a static copy of the batch, and from then on
-    every call copies its batch there and replays the graph: one launch for all of the step's kernels, the random
-    draws included. The stats are copied out of the graph's memory, which the next replay overwrites."""
-
-    WARMUP = 3
+    """The step as a CUDA graph: 3 real steps on a side stream, then recorded on a static batch, refilled to replay."""
 
     def __init__(self, step):
         self.step, self.calls, self.graph = step, 0, None
 
     def __call__(self, batch):
-        if self.calls < self.WARMUP:
+        if self.calls < 3:
             self.calls += 1
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -874,327 +598,200 @@ class CudaGraphStep:
         return {name: value.clone() for name, value in self.stats.items()}
 
 
-# ---------------------------------------------------------------- checkpoints
-def restore_checkpoint(ckpt, args, run_dir, modules, log_alpha, rb, rng, eval_rng, eval_generator, vector_envs, device):
-    """Put a checkpoint's state back: every network and optimizer (with the Adam the speed flags ask for now, not the
-    saved one), log α, the replay buffer, every RNG stream and the envs'. Drops the evaluations logged after it
-    (the run redoes them). Returns (epoch, gradient steps, wall time, the window since the last evaluation).
-    The state of another version of this script ends the run with one line."""
+def save_checkpoint(run_dir, args, run_name, epoch, grad_steps, wall_time, since_eval, modules, rb, streams, device):
+    """What a resumed run needs to go on as this one would, written atomically; never a NaN or inf as good."""
+    state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
+             "wall_time": wall_time, "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(),
+             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+             "numpy_rng": streams["rng"].bit_generator.state, "eval_numpy_rng": streams["eval_rng"].bit_generator.state,
+             "eval_torch_rng": streams["eval_generator"].get_state(),
+             "env_rngs": [rng for vector in streams["envs"] for rng in envs.env_rng_states(vector)],
+             "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
+             **{name: module.detach().cpu() if torch.is_tensor(module) else module.state_dict()
+                for name, module in modules.items()}}
+    diverged = non_finite({name: state[name] for name in modules})
+    if diverged:  # e.g. Adam's moments overflowed
+        error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged",
+              run_dir)
+    write_atomically(os.path.join(run_dir, "checkpoint.pt"), lambda tmp: torch.save(state, tmp), run_dir)
+
+
+def non_finite(state, prefix=""):  # the float tensors with NaN or inf in a nested state dict
+    if torch.is_tensor(state):
+        return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else []
+    return [name for key, value in items for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
+
+
+def restore_checkpoint(ckpt, args, modules, rb, streams, device):
+    """A checkpoint's state back (Adam with this run's options); another version's state ends the run with one line."""
     try:
         for name, module in modules.items():
-            module.load_state_dict(ckpt[name])
-            if isinstance(module, torch.optim.Optimizer):
-                use_adam_options(module, adam_options(args, device))
-        with torch.no_grad():
-            log_alpha.copy_(ckpt["log_alpha"])
+            if torch.is_tensor(module):  # log α
+                module.data.copy_(ckpt[name])
+            else:
+                module.load_state_dict(ckpt[name])
+            for group in getattr(module, "param_groups", []):
+                group.update({key: value for key, value in adam_options(args, device).items() if key != "lr"})
+                for param in group["params"]:  # where fused or capturable Adam want them
+                    if "step" in module.state.get(param, {}):
+                        place = param.device if group["fused"] or group["capturable"] else "cpu"
+                        module.state[param]["step"] = module.state[param]["step"].to(place, torch.float32)
         rb.load_state_dict(ckpt["buffer"])
-        epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
         torch.set_rng_state(ckpt["torch_rng"])
         if device.type == "cuda" and ckpt["cuda_rng"] is not None:
             restore_cuda_rng(ckpt["cuda_rng"])
-        eval_generator.set_state(ckpt["eval_torch_rng"])
-        rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
-        env_rngs = ckpt["env_rngs"]
-        for vector_env in vector_envs:  # the training envs' states, then the evaluation envs'
-            envs.set_env_rng_states(vector_env, env_rngs[:vector_env.num_envs])
-            env_rngs = env_rngs[vector_env.num_envs:]
-        window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
-        stats = window["stats"]
-        if stats and torch.is_tensor(stats[0]):  # written before the stats had names: vectors in update's order
-            stats = [dict(zip(("phi_loss", "psi_loss", "actor_loss", "alpha_loss", "logsumexp", "alpha"), means))
-                     for means in stats]
-        since_eval = {**window, "stats": [{name: value.to(device) for name, value in means.items()} for means in stats],
-                      "start": time.time() - window["start"]}
-    except (KeyError, RuntimeError, ValueError) as e:  # the state of another version of this script
+        streams["eval_generator"].set_state(ckpt["eval_torch_rng"])
+        streams["rng"].bit_generator.state = ckpt["numpy_rng"]
+        streams["eval_rng"].bit_generator.state = ckpt["eval_numpy_rng"]
+        train_envs, eval_envs = streams["envs"]
+        envs.set_env_rng_states(train_envs, ckpt["env_rngs"][:train_envs.num_envs])
+        envs.set_env_rng_states(eval_envs, ckpt["env_rngs"][train_envs.num_envs:])
+        window = ckpt["since_eval"]  # its start: seconds before the checkpoint
+        since_eval = {**window, "stats": [{name: value.to(device) for name, value in means.items()}
+                                          for means in window["stats"]], "start": time.time() - window["start"],
+                      "resumed_at": ckpt["epoch"]}  # eval.jsonl's later lines are made again
+    except (KeyError, RuntimeError, ValueError, AttributeError) as e:
         error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
-    # evaluations logged after this checkpoint (the run stopped before writing its next one) are done again
-    truncate_log(os.path.join(run_dir, "eval.jsonl"), epoch)
-    steps_per_epoch = args.num_envs * envs.ENV_SPECS[args.env_id].horizon
-    print(f"resumed {ckpt['run_name']} at epoch {epoch} ({epoch * steps_per_epoch:,} env steps)")
-    return epoch, grad_steps, wall_time, since_eval
+    env_steps = ckpt["epoch"] * args.num_envs * envs.ENV_SPECS[args.env_id].horizon
+    print(f"resumed {ckpt['run_name']} at epoch {ckpt['epoch']} ({env_steps:,} env steps)")
+    return ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"], since_eval
 
 
-def use_adam_options(optimizer, options):
-    """Give a restored optimizer this run's Adam options (the checkpoint's may differ), with its step counts where
-    they must be: on the parameters' device for fused or capturable Adam, on the host otherwise."""
-    for group in optimizer.param_groups:
-        group.update({key: value for key, value in options.items() if key != "lr"})
-        for param in group["params"]:
-            if "step" in optimizer.state.get(param, {}):
-                device = param.device if group["fused"] or group["capturable"] else "cpu"
-                optimizer.state[param]["step"] = optimizer.state[param]["step"].to(device, torch.float32)
-
-
-def restore_cuda_rng(states):
-    """Restore a checkpoint's CUDA RNG states on the GPUs this machine sees: a run resumed where fewer GPUs are
-    visible than where it was written sets the ones it has (torch.cuda.set_rng_state_all would raise IndexError)."""
+def restore_cuda_rng(states):  # on the GPUs this machine has, maybe fewer
     for index, state in enumerate(states[: torch.cuda.device_count()]):
         torch.cuda.set_rng_state(state, index)
 
 
-def truncate_log(log_path, last_epoch):
-    """Keep the evaluations of eval.jsonl up to `last_epoch` (a resumed run does the later ones again), rewritten
-    atomically. Blank lines and a torn last line (a crash while it was written) are dropped, the latter with a
-    warning; any other line that is not an evaluation ends the run with one line."""
-    if not os.path.isfile(log_path):
-        return
-    with open(log_path) as f:
-        lines = [line.rstrip("\n") for line in f if line.strip()]
-    kept = []
+@torch.no_grad()
+@record_function("evaluation")
+def evaluate(epoch, grad_steps, wall_time, window, args, actor, phi, rb, eval_envs, streams, device, run_dir, writer):
+    """Deterministic rollouts of fresh skills (iod/metra.py: _evaluate_policy) → coverage, a plot, E‖Δφ‖², a video,
+    and a line of eval.jsonl with the window's means and speeds."""
+    spec, videos = envs.ENV_SPECS[args.env_id], range(min(4, args.num_eval_skills) if args.capture_video else 0)
+    skills = sample_skills(args.num_eval_skills, args.skill_dim, streams["eval_generator"])
+    (obs, info), coordinates, frames = eval_envs.reset(), [], []
+    for t in range(spec.horizon + 1):  # the state after the reset and after every step
+        coordinates.append(info["coordinates"])
+        frames += [np.concatenate(envs.render_envs(eval_envs, videos), 1)] if videos else []
+        if t < spec.horizon:
+            action = actor.mode(torch.as_tensor(obs, device=device), skills.to(device))
+            obs, _, _, _, info = eval_envs.step(finite(action, epoch))
+    paths, env_steps = np.stack(coordinates, 1), epoch * args.num_envs * spec.horizon  # (rollouts, horizon + 1, dims)
+    result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps, "wall_time": round(wall_time, 2),
+              "coverage": envs.coverage(paths, args.env_id)}
+    writer.add_scalar("eval/coverage", result["coverage"], env_steps)
+    if rb.size > 0:  # E‖Δφ‖² on up to 10k replay transitions, 1000 at a time
+        n = min(10_000, rb.size)
+        batches = (rb.sample(min(1000, n - i), device, rng=streams["eval_rng"]) for i in range(0, n, 1000))
+        result["dphi_sq"] = torch.cat([transition_features(phi, b["obs"], b["next_obs"], args.critic).pow(2).sum(-1)
+                                       for b in batches]).mean().item()
+        writer.add_scalar("eval/dphi_sq", result["dphi_sq"], env_steps)
+    if window["stats"]:  # each stat's mean over its epochs
+        per_epoch = torch.stack([torch.stack(list(means.values())) for means in window["stats"]])
+        result |= dict(zip(window["stats"][0], per_epoch.mean(0).tolist()))
+    result |= {"sps": window["env_steps"] / (time.time() - window["start"])} if window["env_steps"] else {}
+    result |= {"ms_per_grad_step": 1000 * window["train_time"] / window["grad_steps"]} if window["grad_steps"] else {}
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    z = skills.numpy()
+    fig, ax = plt.subplots(figsize=(5, 5))  # the paths coloured by the angle of (z_0, z_1), or by the sign of z
+    angle = np.arctan2(z[:, 1], z[:, 0]) if args.skill_dim > 1 else np.pi * (z[:, 0] > 0)
+    envs.draw_coordinates(ax, paths, plt.cm.hsv((angle + np.pi) / (2 * np.pi)), args.env_id)
+    ax.set_title(f"CSF {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}")
+    fig.tight_layout()
+    write_atomically(f"{run_dir}/skills_{env_steps:010d}.png", lambda tmp: fig.savefig(tmp, dpi=100), run_dir)
+    plt.close(fig)
+    if videos:
+        import imageio
+
+        os.makedirs(f"{run_dir}/videos", exist_ok=True)
+        video = f"{run_dir}/videos/skills_{env_steps:010d}.mp4"
+        write_atomically(video, lambda tmp: imageio.mimsave(tmp, frames, fps=20), run_dir)
+    log_path, kept = os.path.join(run_dir, "eval.jsonl"), []  # a resumed run drops those after its checkpoint
+    logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
+    lines = [line for line in logged.splitlines() if line.strip()]
     for number, line in enumerate(lines, 1):
         try:
-            epoch = json.loads(line)["epoch"]
+            kept += [line] if json.loads(line)["epoch"] <= window.get("resumed_at", epoch - 1) else []
         except (ValueError, KeyError, TypeError):
             if number < len(lines):
                 error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
             print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
-            continue
-        if epoch <= last_epoch:
-            kept.append(line + "\n")
-    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text("".join(kept)),
-                     resume_hint(os.path.join(os.path.dirname(log_path), "checkpoint.pt")))
-
-
-def save_checkpoint(path, args, run_name, epoch, grad_steps, wall_time, since_eval, modules, log_alpha, rb, rng,
-                    eval_rng, eval_generator, vector_envs, device):
-    """Write everything a resumed run needs to go on exactly as this one would, atomically: a crash, a kill or a full
-    disk mid-write leaves the previous checkpoint intact. A network or optimizer holding NaN or inf is never saved as
-    good: the run ends with one line instead."""
-    state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
-             "wall_time": wall_time, "log_alpha": log_alpha.detach().cpu(), "buffer": rb.state_dict(),
-             "torch_rng": torch.get_rng_state(),
-             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
-             "numpy_rng": rng.bit_generator.state, "eval_numpy_rng": eval_rng.bit_generator.state,
-             "eval_torch_rng": eval_generator.get_state(),
-             "env_rngs": [state for vector_env in vector_envs for state in envs.env_rng_states(vector_env)],
-             "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
-             **{name: module.state_dict() for name, module in modules.items()}}
-    diverged = non_finite({name: state[name] for name in modules})
-    if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite
-        error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
-              f"{resume_hint(path)}")
-    write_atomically(path, lambda temporary: torch.save(state, temporary), resume_hint(path))
-
-
-def non_finite(state, prefix=""):
-    """The names of the float tensors holding NaN or inf in a (nested) state dict, such as
-    "actor_optimizer.state.0.exp_avg_sq"."""
-    if torch.is_tensor(state):
-        return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
-    if isinstance(state, dict):
-        return [name for key, value in state.items() for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
-    if isinstance(state, (list, tuple)):
-        return [name for i, value in enumerate(state) for name in non_finite(value, f"{prefix}.{i}")]
-    return []
-
-
-# ---------------------------------------------------------------- evaluation (official iod/metra.py: _evaluate_policy)
-@torch.no_grad()
-@record_function("evaluation")
-def evaluate(epoch, grad_steps, wall_time, stats, args, actor, phi, rb, eval_envs, eval_rng, eval_generator, device,
-             run_dir, writer):
-    """Deterministic rollouts with fresh skills → coverage, skill plot, E‖Δφ‖², one line of eval.jsonl with `stats`
-    (the means since the previous evaluation); with --capture-video, a video of the first few rollouts."""
-    spec = envs.ENV_SPECS[args.env_id]
-    skills = sample_skills(args.num_eval_skills, args.skill_dim, eval_generator)
-    coordinates, frames, videos = [], [], num_video_skills(args)
-
-    def record(info):  # the state after reset and after every step
-        coordinates.append(info["coordinates"])
-        if videos:
-            frames.append(np.concatenate(envs.render_envs(eval_envs, range(videos)), 1))
-
-    obs, info = eval_envs.reset()
-    skills_on_device = skills.to(device)
-    record(info)
-    for _ in range(spec.horizon):
-        action = actor.mode(torch.as_tensor(obs, device=device), skills_on_device)
-        obs, _, _, _, info = eval_envs.step(finite(action, epoch))
-        record(info)
-    paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
-    env_steps = epoch * args.num_envs * spec.horizon
-    result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps, "wall_time": round(wall_time, 2),
-              "coverage": envs.coverage(paths, args.env_id)}
-    if rb.size > 0:  # E‖φ(s') - φ(s)‖² over replay transitions, in chunks that fit in memory with pixels
-        n = min(NUM_DPHI_SAMPLES, rb.size)
-        batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))  # one at a time
-        result["dphi_sq"] = torch.cat([transition_features(phi, b["obs"], b["next_obs"], args.critic).pow(2).sum(-1)
-                                       for b in batches]).mean().item()
-    result.update(stats)
-    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    # every file whole or not at all: a full disk or a read-only folder ends the run with one line
-    hint = resume_hint(os.path.join(run_dir, "checkpoint.pt"))
-    fig = plot_skills(paths, skills.numpy(),
-                      f"CSF {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}", args.env_id)
-    write_atomically(os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
-                     lambda temporary: fig.savefig(temporary, dpi=100), hint)
-    plt.close(fig)
-    if frames:
-        import imageio
-
-        os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
-        write_atomically(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"),
-                         lambda temporary: imageio.mimsave(temporary, frames, fps=20), hint)
-    for key in ("coverage", "dphi_sq"):
-        if key in result:
-            writer.add_scalar(f"eval/{key}", result[key], env_steps)
-    log_path = os.path.join(run_dir, "eval.jsonl")
-    logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
-    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text(
-        logged + json.dumps(result) + "\n"), hint)
+    text = "".join(line + "\n" for line in [*kept, json.dumps(result)])
+    write_atomically(log_path, lambda tmp: pathlib.Path(tmp).write_text(text), run_dir)
     print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | " + " | ".join(
-        f"{k} {result[k]:.4g}" for k in ("dphi_sq", *stats) if k in result), flush=True)
+        f"{k} {v:.4g}" for k, v in list(result.items())[5:-1]), flush=True)
 
 
-def plot_skills(coordinates, skills, title, env_id):
-    """The evaluation trajectories, coloured by the angle of (z_0, z_1) (by the sign of z for d = 1)."""
-    angle = np.arctan2(skills[:, 1], skills[:, 0]) if skills.shape[-1] > 1 else np.pi * (skills[:, 0] > 0)
-    colors = plt.cm.hsv((angle + np.pi) / (2 * np.pi))
-    fig, ax = plt.subplots(figsize=(5, 5))
-    envs.draw_coordinates(ax, coordinates, colors, env_id)
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig
-
-
-# ---------------------------------------------------------------- stats, logging and the end of a run
-def new_window():
-    """What happened since the last evaluation: the means and speeds the next one reports. `stats` holds one dict of
-    named means per epoch that trained."""
+def new_window():  # since the last evaluation
     return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
 
 
-def stack_stats(stats):
-    """A list of dicts of named 0-dim tensors (one per gradient step, or per epoch) → the names, and the values as one
-    (len(stats), names) tensor, whose mean(0) is each stat's mean."""
-    names = list(stats[0])
-    return names, torch.stack([torch.stack([entry[name] for name in names]) for entry in stats])
+def log_epoch(writer, epoch, env_steps, grad_steps, sps, window, args, step_stats, train_time):
+    """A NaN or inf *_loss of the epoch ends the run, naming its step; else its means go to the window and
+    TensorBoard, with the speed, and every 10 epochs a line says the time left."""
+    if step_stats:
+        names = list(step_stats[0])
+        per_step = torch.stack([torch.stack(list(stats.values())) for stats in step_stats])  # (steps, stats)
+        losses = [i for i, name in enumerate(names) if name.endswith("_loss")]
+        if not torch.isfinite(per_step[:, losses]).all():
+            step, which = (~torch.isfinite(per_step[:, losses])).nonzero()[0].tolist()
+            error(f"{names[losses[which]]} is {per_step[step, losses[which]].item()} at gradient step "
+                  f"{grad_steps - len(step_stats) + step + 1} (epoch {epoch})", writer.log_dir)
+        means = per_step.mean(0)
+        window["stats"].append(dict(zip(names, means)))
+        window["grad_steps"] += len(step_stats)
+        window["train_time"] += train_time
+        for name, value in zip(names, means.tolist()):
+            writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
+    writer.add_scalar("charts/SPS", int(sps), env_steps)
+    writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
+    if (epoch + 1) % 10 == 0:
+        last = {name: value.item() for name, value in window["stats"][-1].items()} if window["stats"] else {}
+        left = duration((args.total_env_steps - env_steps) / sps)
+        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {int(sps)} | {left} left | "
+              + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
 
 
-def window_stats(window):
-    """What the next evaluation reports of the window since the previous one: each stat's mean over the epochs that
-    trained, the env steps per second and the milliseconds per gradient step."""
-    stats = {}
-    if window["stats"]:
-        names, per_epoch = stack_stats(window["stats"])
-        stats = dict(zip(names, per_epoch.mean(0).tolist()))
-    elapsed = time.time() - window["start"]
-    if window["env_steps"]:
-        stats["sps"] = window["env_steps"] / elapsed
-    if window["grad_steps"]:
-        stats["ms_per_grad_step"] = 1000 * window["train_time"] / window["grad_steps"]
-    return stats
+def duration(seconds):  # a time span as people read it: "45 s", "12 min", "3 h 05 min"
+    m = round(seconds / 60)
+    return f"{seconds:.0f} s" if seconds < 60 else f"{m} min" if m < 60 else f"{m // 60} h {m % 60:02d} min"
 
 
-def stop_at_a_non_finite_loss(names, per_step, grad_steps, epoch, hint):
-    """End the run with one line naming the first loss (a stat named *_loss) that is NaN or inf in this epoch's
-    steps, and its gradient step. per_step: (steps, names); grad_steps: the steps taken before this epoch's."""
-    losses = [i for i, name in enumerate(names) if name.endswith("_loss")]
-    bad = ~torch.isfinite(torch.stack([per_step[:, i] for i in losses], 1))  # (steps, losses)
-    if bad.any():
-        step, which = bad.nonzero()[0].tolist()
-        loss = losses[which]
-        error(f"{names[loss]} is {per_step[step, loss].item()} at gradient step {grad_steps + step + 1} "
-              f"(epoch {epoch}); {hint}")
-
-
-def finite(action, epoch):
-    """The policy's action as a numpy array for the envs, which refuse NaN and inf: if it has one, the networks
-    diverged in the last update (a NaN loss would show at the next), and the run ends with one line."""
-    action = action.cpu().numpy()
-    if not np.isfinite(action).all():
+def finite(action, epoch):  # the action for the envs; NaN or inf ends the run
+    if not np.isfinite(action := action.cpu().numpy()).all():
         error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
     return action
 
 
-def record_epoch(window, stats, steps, train_time, writer, env_steps):
-    """Add an epoch's `steps` gradient steps to the window (`stats`: each stat's mean over them) and to TensorBoard."""
-    window["stats"].append(stats)
-    window["grad_steps"] += steps
-    window["train_time"] += train_time
-    for name, value in floats(stats).items():
-        writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
+def error(message, run_dir=None):  # one line, no traceback
+    if run_dir:
+        checkpoint = os.path.join(run_dir, "checkpoint.pt")
+        exists = os.path.isfile(checkpoint)
+        message += f"; resume with --resume {checkpoint}" if exists else "; no checkpoint was written yet"
+    sys.exit(f"{AGENT}.py: error: {message}")
 
 
-def log_epoch(writer, epoch, env_steps, grad_steps, steps_this_segment, seconds_this_segment, window,
-              total_env_steps):
-    """TensorBoard's speed and gradient steps after each epoch; every 10 epochs, one line with the last stats and
-    the time the rest of --total-env-steps takes at this run's speed so far (evaluations included)."""
-    sps = int(steps_this_segment / seconds_this_segment)
-    writer.add_scalar("charts/SPS", sps, env_steps)
-    writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
-    if (epoch + 1) % 10 == 0:
-        last = floats(window["stats"][-1]) if window["stats"] else {}
-        left = duration((total_env_steps - env_steps) * seconds_this_segment / steps_this_segment)
-        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | {left} left | "
-              + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
-
-
-def duration(seconds):
-    """A time span as people read it: "45 s", "12 min", "3 h 05 min"."""
-    minutes = round(seconds / 60)
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
-
-
-def floats(stats):
-    """Named 0-dim tensors as Python floats, read from the device at once."""
-    names, values = stack_stats([stats])
-    return dict(zip(names, values[0].tolist()))
-
-
-def finish_run(args, run_dir, writer, *vector_envs):
-    """Close the envs and the logs; Ctrl-C as before the run."""
-    for vector_env in vector_envs:
-        vector_env.close()
-    writer.close()
-    if args.track:
-        import wandb
-
-        wandb.finish()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    print(f"done: {run_dir}")
-
-
-# ---------------------------------------------------------------- failures and files
-def error(message):
-    """End the run with one line on stderr, no traceback."""
-    sys.exit(f"csf.py: error: {message}")
-
-
-def resume_hint(checkpoint_path):
-    """What a stopped run can be resumed from."""
-    if os.path.isfile(checkpoint_path):
-        return f"resume with --resume {checkpoint_path}"
-    return "no checkpoint was written yet"
-
-
-def write_atomically(path, write, hint):
-    """Write `path` by `write(temporary path)`, then rename it into place: a write that fails (a full disk, a
-    read-only folder) leaves the earlier file whole and no temporary behind, and ends the run with one line."""
+def write_atomically(path, write, run_dir):  # a failed write leaves the old file whole
     root, extension = os.path.splitext(path)
     temporary = f"{root}.tmp{extension}"  # the extension tells savefig and imageio the format
     try:
         write(temporary)
         os.replace(temporary, path)
-    except BaseException as e:  # a failed write, or Ctrl-C or an error mid-write: no temporary left behind
+    except BaseException as e:  # no temporary left behind
         with contextlib.suppress(OSError):
             os.remove(temporary)
         if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a failed write as a RuntimeError
             raise
-        if isinstance(e, OSError):
-            reason = e.strerror or str(e)
-        elif "unexpected pos" in str(e) or "write failed" in str(e):
-            reason = "the write was cut short: is the disk full?"
-        else:
-            reason = " ".join(str(e).split())[:120]
-        error(f"cannot write {path} ({reason}); {hint}")
+        cut_short = "unexpected pos" in str(e) or "write failed" in str(e)
+        reason = (e.strerror or str(e)) if isinstance(e, OSError) else (
+            "the write was cut short: is the disk full?" if cut_short else " ".join(str(e).split())[:120])
+        error(f"cannot write {path} ({reason})", run_dir)
 
 
 if __name__ == "__main__":
     args, ckpt = parse_args()
     try:
         main(args, ckpt)
-    except OSError as e:  # the run's folder or TensorBoard's file cannot be written (read-only, a full disk)
+    except OSError as e:  # the run's folder or TensorBoard's file
         error(f"cannot write {os.fsdecode(e.filename) if e.filename else 'the TensorBoard log'} ({e.strerror or e})")

@@ -1388,7 +1388,7 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
 ENV_BYTES = 2**18  # the least one env takes (measured: Kitchen 0.2 MiB, Ant 1 MiB, Quadruped 13 MiB)
 
 
-def _free_host_memory():
+def free_host_memory():
     """Bytes of host memory free now (MemAvailable), or inf where that cannot be read."""
     try:
         with open("/proc/meminfo") as f:
@@ -1408,7 +1408,7 @@ def make_envs(make, num_envs, num_eval_envs, seed, num_video_envs=0, parallel=Tr
             return ParallelVectorEnv(env_fns)
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
 
-    needed, free = (num_envs + num_eval_envs) * ENV_BYTES, _free_host_memory()
+    needed, free = (num_envs + num_eval_envs) * ENV_BYTES, free_host_memory()
     if needed > free:
         raise MemoryError(f"{num_envs + num_eval_envs:,} training and evaluation envs need at least "
                           f"{needed / 2**30:,.1f} GiB of host memory; {free / 2**30:,.1f} GiB is free")

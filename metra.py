@@ -1,48 +1,21 @@
-"""METRA (Park, Rybkin and Levine, ICLR 2024) in one file: the prior method that "Can a MISL Fly? Analysis and
-Ingredients for Mutual Information Skill Learning" (Zheng, Tuyls, Peng and Eysenbach, ICLR 2025) analyses (§3, §4).
+"""METRA (Park, Rybkin and Levine, ICLR 2024) in one file, as analysed in "Can a MISL Fly? Analysis and Ingredients
+for Mutual Information Skill Learning" (Zheng, Tuyls, Peng and Eysenbach, ICLR 2025), §3 and §4.
 
-A skill z ~ p(z) = Unif(S^{d-1}) (one-hot among K on HalfCheetah and Kitchen) is held for a whole trajectory of the
-policy π(a | s, z). METRA learns a representation φ(s) ∈ R^d whose one-step moves Δφ = φ(s') - φ(s) point along z,
-under a temporal-distance constraint ‖Δφ‖² ≤ 1 that one dual variable λ ≥ 0 enforces for all transitions at once
-(paper Eq. 5, with METRA's slack ε):
+A skill z ~ p(z) = Unif(S^{d-1}) (one-hot among K on HalfCheetah, Kitchen) is held for a trajectory of π(a | s, z).
+φ(s) ∈ R^d learns moves Δφ = φ(s') - φ(s) along z; one dual variable λ ≥ 0 constrains ‖Δφ‖² ≤ 1 (Eq. 5, slack ε):
     max_φ min_λ  E[Δφᵀz] + λ E[min(1 - ‖Δφ‖², ε)],
-so the constraint holds only in expectation (Eq. 7; Prop. 1: at the optimum E‖Δφ‖² = 1), and it is the quadratic
-approximation of the negative term of the contrastive lower bound (Eq. 8; Prop. 2: log E_z'[exp Δφᵀz'] ≈ ‖Δφ‖²/(2d)).
-π is SAC on the intrinsic reward r(s, s', z) = Δφᵀz (Eq. 6), with twin critics Q_k(s, a, z) and an entropy temperature
-α tuned automatically. --save-repr-stats and benchmarks/metra_repr_stats.py check both claims (§6.1, §6.2).
+in expectation only (Eq. 7; Prop. 1: E‖Δφ‖² = 1 at the optimum), a quadratic approximation of the contrastive lower
+bound's negative term (Eq. 8; Prop. 2). π is SAC on r(s, s', z) = Δφᵀz (Eq. 6), with twin Qs and automatic α.
+`python metra.py --hidden-dim 256 --total-env-steps 3000000` trains on Ant for about an hour on a CPU.
 
-    python metra.py --env-id Ant                            # the paper's settings: z on the unit circle (d = 2)
-    python metra.py --env-id HalfCheetah                    # the paper's settings: one-hot z, K = 16
-    python metra.py --env-id Ant --repr-loss contrastive    # METRA-C, the paper's first ablation (§6.3)
-    python metra.py --env-id Ant --hidden-dim 256           # what a CPU can train in an hour
-
-Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features, whose
-iod/metra.py runs the METRA behind the paper's numbers; none changes the algorithm):
-  - the constraint's squared norm is summed over the d dimensions, as in that repository's iod/metra.py; the original
-    METRA repository's iod/metra.py averages it over the dimensions (‖Δφ‖²/d): --constraint-norm mean.
-  - time-limit steps are simply never terminal; the official sampler marks the last step of every trajectory done
-    (garagei/sampler/option_worker.py), and the scripts' --turn_off_dones 1 then zeroes every done.
-  - dropped because they never affect learning: the target φ that iod/metra.py creates and never updates, the std
-    head of the Gaussian φ module (φ is its mean head), and the stored rewards / next actions / returns.
-  - one-hot skills are drawn with torch's generator, not NumPy's global one (a different random stream only).
-  - METRA-C's negatives are fresh unit-sphere draws, as in CSF's scripts (--sample_new_z 1); METRA-C with one-hot
-    skills is refused (the paper ran it on Ant only, and unit-sphere negatives do not match a one-hot prior).
-  - additions, not in the official code: the last epoch is always evaluated and checkpointed, every
-    evaluation also reports E‖Δφ‖² over 10k replay transitions, and a --buffer-size that is not a multiple
-    of the horizon is rounded down to whole trajectories (the paper's 1M and 300k are). A checkpoint also
-    holds the loss means since the last evaluation, so a run resumed from any epoch reports what the
-    uninterrupted run does.
-  - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
-    22 GB at 300k transitions, same samples); on a CPU, envs.py renders by default without shadows or
-    multisampling (2-70x faster there; CLEANMISL_RENDER=official draws the official look), and it seeds every env
-    differently, where the official run/train.py: make_env seeds every worker's task alike, so that they all repeat
-    the same initial states.
-  - on a GPU, float32 matmuls use TF32 (torch.set_float32_matmul_precision("high")), which is faster there; a CPU
-    computes them in full float32, and the tests' numbers are the CPU's.
-
-The file reads in the paper's order: Args; the losses, METRA's first, then its ablation METRA-C (skip that on a first
-reading); the networks; the replay buffer; `main`, the training loop; then the infrastructure main calls (the
-command line, start-up, checkpoints, evaluation, logging).
+Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features, iod/metra.py):
+‖Δφ‖² is summed over dimensions, as there (original METRA: the mean, --constraint-norm mean); time limits are never
+terminal; left out: its never-updated target φ, φ's std head, stored rewards; torch draws the one-hot z; METRA-C
+(--repr-loss contrastive) draws fresh unit-sphere negatives (CSF's --sample_new_z 1), so no one-hot z. Added: the
+last epoch is evaluated and checkpointed; evaluations after the first (an empty buffer) report E‖Δφ‖² and the mean
+constraint on min(10k, stored) replay transitions drawn with replacement; --buffer-size is rounded down to whole
+trajectories; checkpoints hold the stats since the last evaluation. Pixels: frames are stored once (3.7 GB, not 22
+GB, at 300k transitions); envs.py seeds each env differently. On a GPU, float32 matmuls use TF32.
 """
 
 import contextlib
@@ -59,146 +32,80 @@ import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, fields
-from typing import Optional
+from typing import Literal, Optional
 
-import gymnasium as gym
-import matplotlib
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from matplotlib import colormaps
+from matplotlib.figure import Figure
 from torch.profiler import record_function
 from torch.utils.tensorboard import SummaryWriter
 
 import envs
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 AGENT = "metra"
-# the paper's skill dimensions (App. B.3, the table of skill dimensions per method and environment); one-hot ones are K
-SKILL_DIMS = {"Ant": 2, "HalfCheetah": 16, "Quadruped": 4, "Humanoid": 2, "Kitchen": 24, "Robobin": 9}
-DISCRETE_ENVS = ("HalfCheetah", "Kitchen")  # one-hot skills in the official METRA scripts (scripts/pretrain/)
-FIXED_ALPHA_ENVS = ("Kitchen",)  # the official METRA-Kitchen script freezes α at its initial 0.01 (--sac_lr_a -1)
-NUM_DPHI_SAMPLES = 10_000  # replay transitions behind the E‖Δφ‖² diagnostic and --save-repr-stats
-NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
+SKILL_DIMS = {"Ant": 2, "HalfCheetah": 16, "Quadruped": 4, "Humanoid": 2, "Kitchen": 24, "Robobin": 9}  # App. B.3
+DISCRETE_ENVS = ("HalfCheetah", "Kitchen")  # one-hot, officially
+FIXED_ALPHA_ENVS = ("Kitchen",)  # α stays 0.01, officially
 
 
 @dataclass
 class Args:
-    env_id: str = "Ant"
-    """the environment: Ant, HalfCheetah (states), Quadruped, Humanoid, Kitchen or Robobin (64×64 pixels)"""
-    skill_dim: Optional[int] = None
-    """dimension d of z, or number K of one-hot skills (unset: the paper's: Ant 2, HalfCheetah K = 16, Quadruped 4,
-    Humanoid 2)"""
-    discrete: Optional[bool] = None
-    """one-hot skills instead of the unit sphere (unset: one-hot on HalfCheetah and Kitchen, as in the paper)"""
-    seed: int = 1
-    """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
-    total_env_steps: Optional[int] = None
-    """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states,
-    4.8M on pixels)"""
-    num_envs: Optional[int] = None
-    """trajectories collected per epoch, one skill each, stepped together (unset: 8, Robobin 10)"""
-    grad_steps_per_epoch: Optional[int] = None
-    """gradient steps after each collection round (unset: 50 on states, 200 on Quadruped and Humanoid, 100 on
-    Kitchen and Robobin)"""
-    learning_starts: int = 10_000
-    """transitions stored before the first gradient step"""
-    batch_size: int = 256
-    """transitions per minibatch, sampled uniformly with replacement"""
-    buffer_size: Optional[int] = None
-    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels, Kitchen 100k)"""
-    hidden_dim: int = 1024
-    """width of the two hidden layers of φ, Q and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
-    eval_every: Optional[int] = None
-    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, Quadruped and Humanoid 125, Kitchen 250, Robobin
-    500); the last epoch is always evaluated"""
-    checkpoint_every: Optional[int] = None
-    """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
-    resume: Optional[str] = None
-    """path of a checkpoint.pt to continue from; the run keeps its directory, seed and RNG streams"""
-    cuda: bool = True
-    """use the GPU when torch sees one"""
-    parallel_envs: bool = True
-    """step the training and the evaluation envs in worker processes, at most one per core, each stepping several;
-    --no-parallel-envs steps them one by one in this process (the same numbers either way)"""
-    buffer_on_device: bool = False
-    """keep the replay buffer in the training device's memory and draw the batches there, so a gradient step copies
-    nothing from the host (a 300k-transition pixel buffer takes 3.7 GB); the draws are torch's, not the host
-    buffer's. On a CPU, the same code with the CPU as the device"""
-    track: bool = False
-    """also log to Weights & Biases (WANDB_MODE=offline works)"""
-    wandb_project_name: str = "cleanmisl"
-    """W&B project, with --track"""
-    wandb_entity: Optional[str] = None
-    """W&B team, with --track"""
-    capture_video: bool = False
-    """at each evaluation, write an MP4 of the first few evaluation skills side by side"""
-    num_eval_skills: int = 48
-    """deterministic evaluation rollouts per evaluation (the paper's 48): fresh skills, or the K one-hots in turn"""
-    save_repr_stats: bool = False
-    """at each evaluation, save Δφ, Δφ - z and Δφ/‖Δφ‖ of 10k replay transitions to repr_stats_<env steps>.npz"""
-    repr_loss: str = "dual"
-    """φ objective: dual, METRA's dual-constrained one, or contrastive, CSF's contrastive lower bound (METRA-C, no λ;
-    paper §6: it matches METRA)"""
-    constraint_norm: str = "sum"
-    """‖Δφ‖² in the constraint: sum over dimensions (CSF repo, the paper's numbers) or mean (official METRA)"""
-    dual_lam: float = 30.0
-    """initial λ"""
-    dual_slack: float = 1e-3
-    """ε, the cap of the per-transition constraint term min(1 - ‖Δφ‖², ε)"""
-    dual_lr: float = 1e-4
-    """Adam learning rate of log λ"""
-    xi: float = 5.0
-    """ξ, the weight of the log-sum-exp term of the contrastive lower bound (--repr-loss contrastive)"""
-    num_negatives: int = 256
-    """fresh prior samples z' per gradient step in the log-sum-exp (--repr-loss contrastive)"""
-    gamma: float = 0.99
-    """discount of the SAC critic"""
-    tau: float = 0.005
-    """Polyak step of the target Q networks, after every gradient step"""
-    lr: float = 1e-4
-    """Adam learning rate of φ, Q, π and log α"""
-    alpha_init: float = 0.01
-    """initial entropy temperature α (tuned automatically towards entropy -|A|/2; fixed at it on Kitchen)"""
-    compile: bool = False
-    """torch.compile the whole gradient step as one function: every loss, its backward and Adam step, and the Polyak
-    step. Same numbers as eager up to float rounding; meant for a GPU"""
-    bf16: bool = False
-    """on pixels, run the CNN encoders' convolutions in bfloat16 (torch.autocast), their features in float32"""
-    cudagraphs: bool = False
-    """on a GPU, record the whole gradient step once as a CUDA graph and replay it, one launch per step (with or
-    without --compile); a CPU runs the step without graphs, and says so"""
+    env_id: Literal["Ant", "HalfCheetah", "Quadruped", "Humanoid", "Kitchen", "Robobin"] = "Ant"  # The world.
+    skill_dim: Optional[int] = None  # Dimension d of z, or K one-hot skills (unset: the paper's).
+    discrete: Optional[bool] = None  # One-hot skills (unset: on HalfCheetah and Kitchen).
+    seed: int = 1  # Seed of torch, numpy and the envs.
+    total_env_steps: Optional[int] = None  # Training env steps (unset: the paper's).
+    num_envs: Optional[int] = None  # Trajectories per epoch, one skill each (unset: the paper's).
+    grad_steps_per_epoch: Optional[int] = None  # Gradient steps per epoch (unset: the paper's).
+    learning_starts: int = 10_000  # Transitions stored before the first gradient step.
+    batch_size: int = 256  # Transitions per minibatch.
+    buffer_size: Optional[int] = None  # Replay capacity in transitions (unset: the paper's).
+    hidden_dim: int = 1024  # Width of the hidden layers of φ, Q and π.
+    eval_every: Optional[int] = None  # Epochs between evaluations (unset: the paper's).
+    checkpoint_every: Optional[int] = None  # Epochs between checkpoints (unset: --eval-every).
+    resume: Optional[str] = None  # A checkpoint.pt to continue.
+    cuda: bool = True  # Use the GPU when torch sees one.
+    parallel_envs: bool = True  # Step the envs in worker processes (the same numbers).
+    buffer_on_device: bool = False  # Keep the replay buffer on the training device.
+    track: bool = False  # Also log to Weights & Biases.
+    wandb_project_name: str = "cleanmisl"  # The W&B project.
+    wandb_entity: Optional[str] = None  # The W&B team.
+    capture_video: bool = False  # Write a video of four skills at each evaluation.
+    num_eval_skills: int = 48  # Rollouts per evaluation: fresh skills, or the K one-hots in turn.
+    save_repr_stats: bool = False  # Save replay transitions' Δφ at each evaluation.
+    repr_loss: Literal["dual", "contrastive"] = "dual"  # METRA's φ loss, or METRA-C's contrastive bound.
+    constraint_norm: Literal["sum", "mean"] = "sum"  # Sum ‖Δφ‖² over dimensions (the paper's), or average.
+    dual_lam: float = 30.0  # The initial λ.
+    dual_slack: float = 1e-3  # The slack ε of the constraint term min(1 - ‖Δφ‖², ε).
+    dual_lr: float = 1e-4  # The Adam learning rate of log λ.
+    xi: float = 5.0  # METRA-C's weight ξ of the log-sum-exp.
+    num_negatives: int = 256  # METRA-C's prior draws z'_j per gradient step.
+    gamma: float = 0.99  # The discount.
+    tau: float = 0.005  # The Polyak step of the target Qs.
+    lr: float = 1e-4  # The Adam learning rate of φ, Q, π and log α.
+    alpha_init: float = 0.01  # The initial entropy temperature α (Kitchen: fixed).
+    compile: bool = False  # Torch.compile the whole gradient step (the same numbers up to rounding).
+    bf16: bool = False  # On pixels, run the encoders' convolutions in bfloat16.
+    cudagraphs: bool = False  # On a GPU, replay the whole gradient step as one CUDA graph.
 
 
 # Every numeric flag and the values that mean something ("[" closed end, "(" open end); NaN is never inside.
-FLAG_RANGES = {
-    "skill_dim": "[1, inf)", "seed": "[0, 2147483647]", "total_env_steps": "[1, inf)", "num_envs": "[1, inf)",
-    "grad_steps_per_epoch": "[0, inf)", "learning_starts": "[0, inf)", "batch_size": "[1, inf)",
-    "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)", "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)",
-    "num_eval_skills": "[1, inf)", "dual_lam": "(0, inf)", "dual_slack": "[0, inf)", "dual_lr": "(0, inf)",
-    "xi": "[0, inf)", "num_negatives": "[1, inf)", "gamma": "[0, 1)", "tau": "(0, 1]", "lr": "(0, inf)",
-    "alpha_init": "(0, inf)",
-}
-# Every choice flag and its choices.
-FLAG_CHOICES = {"repr_loss": ("dual", "contrastive"), "constraint_norm": ("sum", "mean")}
+FLAG_RANGES = {flag: interval for interval, flags in {
+    "[1, inf)": "skill_dim total_env_steps num_envs batch_size buffer_size hidden_dim eval_every checkpoint_every "
+                "num_eval_skills num_negatives", "[0, inf)": "grad_steps_per_epoch learning_starts dual_slack xi",
+    "(0, inf)": "dual_lam dual_lr lr alpha_init", "[0, 1)": "gamma", "(0, 1]": "tau", "[0, 2147483647]": "seed",
+}.items() for flag in flags.split()}
 # What --resume may change: neither the learning problem nor the random streams depend on these.
-RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
-                     "buffer_on_device", "track", "wandb_project_name", "wandb_entity", "capture_video",
-                     "save_repr_stats", "compile", "cudagraphs", "bf16")
+RESUME_MAY_CHANGE = ("total_env_steps eval_every checkpoint_every resume cuda parallel_envs buffer_on_device track "
+                     "wandb_project_name wandb_entity capture_video save_repr_stats compile cudagraphs bf16").split()
 
 
-# ======================================================================================================================
-# THE ALGORITHM
-# ======================================================================================================================
-
-# ---------------------------------------------------------------- the losses (paper §3, Eq. 5 and 6)
 def sample_skills(n, skill_dim, discrete=False, generator=None, device=None):
-    """z ~ p(z): Unif(S^{d-1}), a standard normal draw scaled to unit length, as the official iod/metra.py:
-    METRA._get_train_trajectories_kwargs draws it (unit_length); or a one-hot vector, index ~ Unif{0..K-1}; made on
-    `device`."""
+    """z ~ p(z): a normal draw scaled to unit length, or a uniform one-hot."""
     if discrete:
         return F.one_hot(torch.randint(skill_dim, (n,), generator=generator, device=device), skill_dim).float()
     z = torch.randn(n, skill_dim, generator=generator, device=device)
@@ -206,51 +113,39 @@ def sample_skills(n, skill_dim, discrete=False, generator=None, device=None):
 
 
 def skill_weights(skill, discrete):
-    """The vector w with r = Δφᵀw: z itself, or for a one-hot z, m = (onehot - 1/K)·K/(K-1): +1 at the skill's index,
-    -1/(K-1) elsewhere (the official iod/metra.py: _update_rewards)."""
-    if not discrete:
-        return skill
+    """The w of r = Δφᵀw: z, or for a one-hot z, (z - 1/K)·K/(K-1), as officially."""
     k = skill.shape[-1]
-    return (skill - 1 / k) * k / (k - 1)
+    return (skill - 1 / k) * k / (k - 1) if discrete else skill
 
 
 def intrinsic_reward(dphi, weights):
-    """r = (φ(s') - φ(s))ᵀw per sample (paper Eq. 6)."""
+    """r = (φ(s') - φ(s))ᵀw per sample (Eq. 6)."""
     return (dphi * weights).sum(-1)
 
 
 def constraint(dphi, eps, norm="sum"):
-    """c = min(1 - ‖Δφ‖², ε) per sample; ‖Δφ‖² summed over dimensions, or averaged with norm="mean"."""
-    sq = dphi.pow(2).sum(-1) if norm == "sum" else dphi.pow(2).mean(-1)
-    return torch.clamp(1 - sq, max=eps)
+    """c = min(1 - ‖Δφ‖², ε) per sample, ‖Δφ‖² summed or (norm="mean") averaged over dimensions."""
+    return torch.clamp(1 - (dphi.pow(2).sum(-1) if norm == "sum" else dphi.pow(2).mean(-1)), max=eps)
 
 
 def metra_phi_loss(dphi, weights, log_lam, eps, norm="sum"):
-    """L(φ) = -E[Δφᵀw + λ min(1 - ‖Δφ‖², ε)], λ = exp(log λ) detached   (paper Eq. 5 with METRA's slack ε)
-
-    dphi: (B, d) = φ(s') - φ(s); weights: (B, d) the w of skill_weights; as the official iod/metra.py:
-    _update_loss_te computes it. Returns the loss and the per-sample constraint terms c, which the λ step uses
-    (detached there).
-    """
+    """L(φ) = -E[Δφᵀw + λ min(1 - ‖Δφ‖², ε)], λ = exp(log λ) detached (Eq. 5); and c per sample."""
     c = constraint(dphi, eps, norm)
     return -(intrinsic_reward(dphi, weights) + log_lam.exp().detach() * c).mean(), c
 
 
 def dual_loss(log_lam, c):
-    """L(λ) = log λ · E[c], c detached: descent lowers λ while c > 0 (constraint slack), raises it while c < 0; the
-    parameter is log λ, as in the official iod/metra.py (paper Eq. 5's min over λ ≥ 0)."""
+    """L(λ) = log λ · E[c], c detached: λ falls while c > 0, rises while c < 0 (Eq. 5's min over λ)."""
     return log_lam * c.detach().mean()
 
 
 def critic_target(reward, next_q, next_log_prob, alpha, gamma):
-    """y = r + γ (min_k Q̄_k(s', a', z) - α log π(a'|s', z)), a' ~ π(·|s', z), never terminal (the 200-step time limit
-    is not an end of the task), as in the official iod/sac_utils.py. next_q: (critics, B), every target net's
-    Q̄(s', a', z)."""
+    """y = r + γ (min_k Q̄_k(s', a', z) - α log π(a'|s', z)), a' ~ π(·|s', z), never terminal. next_q: (critics, B)."""
     return reward + gamma * (next_q.amin(0) - alpha * next_log_prob)
 
 
 def critic_loss(q, target):
-    """Σ_k 0.5 E[(Q_k(s, a, z) - y)²]: the twin critics, stepped by one optimizer on the sum. q: (critics, B)."""
+    """Σ_k 0.5 E[(Q_k(s, a, z) - y)²] over the twin critics. q: (critics, B)."""
     return sum(0.5 * F.mse_loss(q_k, target) for q_k in q)
 
 
@@ -260,128 +155,66 @@ def actor_loss(log_prob, q, alpha):
 
 
 def temperature_loss(log_alpha, log_prob, target_entropy):
-    """L(α) = -E[log α (log π(a|s, z) + H̄)]: α grows while the entropy -log π is below H̄ = -|A|/2, the official
-    iod/sac_utils.py's target, half the usual -|A|."""
+    """L(α) = -E[log α (log π(a|s, z) + H̄)], H̄ = -|A|/2 as officially."""
     return -(log_alpha * (log_prob + target_entropy)).mean()
 
 
-# ---------------------------------------------------------------- the losses of one gradient step (the official
-# iod/metra.py: _train_components).
-def phi_objective(phi, obs, next_obs, skill, negatives, log_lam, args):
-    """The φ step's loss, the per-sample constraint terms c (which the λ step uses) and METRA-C's log-sum-exp (None
-    for METRA)."""
-    dphi, weights = phi(next_obs) - phi(obs), skill_weights(skill, args.discrete)  # w: z, or m for one-hot skills
-    if args.repr_loss == "contrastive":  # METRA-C (below); c is only logged
-        phi_loss, logsumexp = contrastive_phi_loss(dphi, weights, negatives, args.xi)
-        return phi_loss, constraint(dphi.detach(), args.dual_slack, args.constraint_norm), logsumexp
-    return *metra_phi_loss(dphi, weights, log_lam, args.dual_slack, args.constraint_norm), None
-
-
-def qf_objective(qf, qf_target, phi, actor, obs, action, next_obs, skill, alpha, args):
-    """L(Q) = Σ_k 0.5 E[(Q_k(s, a, z) - y)²] on the reward r = Δφᵀw of the φ just updated (paper Eq. 6), and the
-    rewards. The twin critics Q_k share the target, from the twin targets Q̄_k."""
-    with torch.no_grad():
-        reward = intrinsic_reward(phi(next_obs) - phi(obs), skill_weights(skill, args.discrete))
-        next_action, next_log_prob = actor.sample(next_obs, skill)
-        next_q = torch.stack([net(next_obs, skill, next_action) for net in qf_target])
-        target = critic_target(reward, next_q, next_log_prob, alpha, args.gamma)
-    return critic_loss([net(obs, skill, action) for net in qf], target), reward
-
-
-def actor_objective(actor, qf, obs, skill, alpha):
-    """The π step's loss, and log π(a|s, z) of its actions for the α step."""
-    new_action, log_prob = actor.sample(obs, skill)
-    return actor_loss(log_prob, torch.stack([net(obs, skill, new_action) for net in qf]), alpha), log_prob
-
-
-# ---------------------------------------------------------------- the paper's ablation METRA-C (§6.3): skip on a
-# first reading. --repr-loss contrastive replaces METRA's φ objective by CSF's contrastive lower bound (no λ); with
-# the default flags none of this changes anything.
-def contrastive_phi_loss(dphi, skill, negatives, xi):
-    """L(φ) = -E[(φ(s') - φ(s))ᵀz] + ξ E[log Σ_j exp((φ(s') - φ(s))ᵀz'_j)]   (paper Eq. 8 with ξ, CSF's φ loss)
-
-    dphi: (B, d) = φ(s') - φ(s); skill: (B, d) the positives; negatives: (M, d) prior samples shared by the batch.
-    A plain log-sum-exp (no 1/M, no temperature), the positive not among the negatives. Returns the loss
-    and the batch mean of the log-sum-exp term.
-    """
-    positive = (dphi * skill).sum(-1)
-    logsumexp = torch.logsumexp(dphi @ negatives.T, dim=-1)
-    return -(positive - xi * logsumexp).mean(), logsumexp.mean()
-
-
-# ---------------------------------------------------------------- the networks (official run/train.py)
-def mlp(in_dim, hidden_dim, out_dim, activation, init):
-    """Linear → act → Linear → act → Linear, zero biases."""
+def mlp(in_dim, hidden_dim, out_dim, activation, init):  # Linear → act → Linear → act → Linear, zero biases
     net = nn.Sequential(nn.Linear(in_dim, hidden_dim), activation(), nn.Linear(hidden_dim, hidden_dim),
                         activation(), nn.Linear(hidden_dim, out_dim))
-    for layer in net:
-        if isinstance(layer, nn.Linear):
-            init(layer.weight)
-            nn.init.zeros_(layer.bias)
+    for layer in net[::2]:
+        init(layer.weight)
+        nn.init.zeros_(layer.bias)
     return net
 
 
 class Phi(nn.Module):
-    """φ(s) ∈ R^d, the state representation (ReLU MLP, Xavier-uniform; the official code's "trajectory encoder")."""
+    """φ(s) ∈ R^d (ReLU, Xavier-uniform) on its own pixel encoder's features, as officially."""
 
-    def __init__(self, observation_space, skill_dim, hidden_dim):
+    def __init__(self, space, out_dim, hidden_dim, in_dim=0, init=nn.init.xavier_uniform_):
         super().__init__()
-        # every network owns its encoder, as in the official garagei/torch/modules/with_encoder.py
-        self.encoder, features = envs.make_encoder(observation_space)
-        self.net = mlp(features, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_)
+        self.encoder, features = envs.make_encoder(space)
+        self.net = mlp(features + in_dim, hidden_dim, out_dim, nn.ReLU, init)
 
     def forward(self, obs):
         return self.net(self.encoder(obs))
 
 
-class QNetwork(nn.Module):
-    """Q(s, a, z) ∈ R: ReLU MLP on features(s) ⊕ z ⊕ a, Xavier-normal weights."""
-
-    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
-        super().__init__()
-        self.encoder, features = envs.make_encoder(observation_space)
-        self.net = mlp(features + skill_dim + action_dim, hidden_dim, 1, nn.ReLU, nn.init.xavier_normal_)
+class QNetwork(Phi):
+    """Q(s, a, z) ∈ R: φ's network on features(s) ⊕ z ⊕ a (Xavier-normal, made in `main`)."""
 
     def forward(self, obs, skill, action):
         return self.net(torch.cat([self.encoder(obs), skill, action], -1)).squeeze(-1)
 
 
 class Actor(nn.Module):
-    """π(a | s, z): tanh-squashed Gaussian on a tanh trunk, output layers initialised 10x smaller."""
+    """π(a | s, z): a tanh-squashed Gaussian on a tanh trunk, output layers initialised 10x smaller."""
 
-    LOG_STD_MIN, LOG_STD_MAX = math.log(1e-6), 2.0
-
-    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
+    def __init__(self, space, action_dim, skill_dim, hidden_dim):
         super().__init__()
-        self.encoder, features = envs.make_encoder(observation_space)
+        self.encoder, features = envs.make_encoder(space)
         self.trunk = mlp(features + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
-        self.mean = nn.Linear(hidden_dim, action_dim)
-        self.log_std = nn.Linear(hidden_dim, action_dim)
+        self.mean, self.log_std = nn.Linear(hidden_dim, action_dim), nn.Linear(hidden_dim, action_dim)
         for head in (self.mean, self.log_std):
-            nn.init.xavier_normal_(head.weight)
-            head.weight.data.mul_(0.1)
+            nn.init.xavier_normal_(head.weight).data.mul_(0.1)
             nn.init.zeros_(head.bias)
 
     def forward(self, obs, skill):
         h = self.trunk(torch.cat([self.encoder(obs), skill], -1))
-        return self.mean(h), self.log_std(h).clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
+        return self.mean(h), self.log_std(h).clamp(math.log(1e-6), 2.0)
 
-    def sample(self, obs, skill):
-        """A reparameterized action and its log-probability, with the tanh correction."""
+    def sample(self, obs, skill):  # a ~ π and log π(a|s, z)
         mean, log_std = self(obs, skill)
-        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaNs are caught per epoch
-        u = normal.rsample()
-        action = torch.tanh(u)
-        log_prob = normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
-        return action, log_prob
+        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)
+        action = torch.tanh(u := normal.rsample())
+        return action, normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
 
     def mode(self, obs, skill):
         return torch.tanh(self(obs, skill)[0])
 
 
 @contextlib.contextmanager
-def frozen(modules):
-    """No gradient into these modules' weights while the block runs; one still flows through them to their inputs."""
+def frozen(modules):  # no gradient into them, only through
     for module in modules:
         module.requires_grad_(False)
     try:
@@ -391,61 +224,35 @@ def frozen(modules):
             module.requires_grad_(True)
 
 
-# ---------------------------------------------------------------- the replay buffer
-def to_device(array, device):
-    """A host array as a tensor on `device`; to a GPU through pinned memory, without waiting for the copy."""
-    tensor = torch.from_numpy(array)
-    return tensor.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else tensor
-
-
-def stack_frames(frames):
-    """(B, k, *frame_shape) frames, oldest first → (B, *obs_shape): the frames along the last axis, as the env
-    stacks them (a state vector, k = 1, is its one frame)."""
-    return frames.movedim(1, -2).flatten(-2).contiguous()
+def gradient_step(optimizer, loss):
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
 
 
 class ReplayBuffer:
-    """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement, as from the
-    official garagei/replay_buffer/path_buffer_ex.py.
+    """Whole trajectories, each observation (a pixel stack's newest frame) stored once; uniform draws of (s, a, s', z)
+    on `device` (None: numpy arrays on the host)."""
 
-    Observations are stored once per time step (s'_t is s_{t+1}), and of a stacked pixel observation only its
-    newest frame, as uint8: the stack is rebuilt by index, oldest frame first, the first frame repeated at
-    the start of a trajectory, as the env built it. A 300k-transition pixel buffer then takes 3.7 GB instead
-    of the official 22 GB (obs and next_obs, all 3 frames each). The capacity is rounded down to whole
-    trajectories.
-    """
-
-    def __init__(self, capacity, horizon, observation_space, frame_stack, action_dim, skill_dim, rng, device=None):
-        """device: where the storage lives and the training batches are drawn (--buffer-on-device); None keeps the
-        storage in host memory as numpy arrays, whose gather is several times faster than torch's on a CPU."""
-        frame_shape = observation_space.shape[:-1] + (observation_space.shape[-1] // frame_stack,)
-        num_trajectories = capacity // horizon
-        self.horizon, self.frame_stack, self.rng, self.device = horizon, frame_stack, rng, device
-        self.frames = self.zeros((num_trajectories, horizon + 1, *frame_shape), observation_space.dtype)
-        self.actions = self.zeros((num_trajectories, horizon, action_dim), np.float32)
-        self.skills = self.zeros((num_trajectories, skill_dim), np.float32)
-        self.frame_offsets = self.to_storage(np.arange(1 - frame_stack, 2))  # frames t-k+1..t+1 of a transition at t
-        # the training draws on the device have their own generator, seeded from the replay stream
+    def __init__(self, capacity, horizon, space, frame_stack, action_dim, skill_dim, rng, device=None):
+        n = capacity // horizon
+        self.horizon, self.rng, self.device, self.pos, self.num_stored = horizon, rng, device, 0, 0
+        self.frames = self.zeros((n, horizon + 1, *space.shape[:-1], space.shape[-1] // frame_stack), space.dtype)
+        self.actions, self.skills = self.zeros((n, horizon, action_dim)), self.zeros((n, skill_dim))
+        self.frame_offsets = self.to_storage(np.arange(1 - frame_stack, 2))
         self.generator = None if device is None else torch.Generator(device).manual_seed(int(rng.integers(2**62)))
-        self.pos, self.num_stored = 0, 0  # in trajectories
 
-    def zeros(self, shape, dtype):
-        dtype = np.dtype(dtype)
-        return np.zeros(shape, dtype) if self.device is None else torch.zeros(shape, dtype=getattr(torch, dtype.name),
-                                                                              device=self.device)
+    def zeros(self, shape, dtype="float32"):
+        return np.zeros(shape, dtype) if self.device is None else torch.zeros(
+            shape, dtype=getattr(torch, np.dtype(dtype).name), device=self.device)
 
-    def to_storage(self, array, like=None):
-        """A host array as the storage holds it: itself, or a tensor on the buffer's device (in `like`'s dtype)."""
-        if self.device is None:
-            return array
-        return torch.as_tensor(array, dtype=None if like is None else like.dtype, device=self.device)
+    def to_storage(self, array, to=None):
+        return array if self.device is None else torch.as_tensor(array, dtype=getattr(to, "dtype", None),
+                                                                 device=self.device)
 
-    @property
-    def size(self):  # stored transitions
-        return self.num_stored * self.horizon
+    size = property(lambda self: self.num_stored * self.horizon)  # stored transitions
 
-    def add(self, observations, actions, skills):
-        """observations: (n, horizon + 1, *obs_shape) with the final one; actions: (n, horizon, |A|); skills: (n, d)."""
+    def add(self, observations, actions, skills):  # (n, horizon + 1, ...), (n, horizon, |A|), (n, d)
         n, capacity = len(observations), len(self.frames)
         idx = self.to_storage((self.pos + np.arange(n)) % capacity)
         self.frames[idx] = self.to_storage(observations[..., -self.frames.shape[-1]:], self.frames)  # newest frames
@@ -453,10 +260,7 @@ class ReplayBuffer:
         self.skills[idx] = self.to_storage(skills, self.skills)
         self.pos, self.num_stored = (self.pos + n) % capacity, min(self.num_stored + n, capacity)
 
-    def gather(self, batch_size, rng=None):
-        """The host's part of a minibatch of transitions, uniform (with replacement): whole frames only, those of s
-        and s' in one (B, k + 1) block, so the copy runs at memcpy speed; stacking them is left to the device.
-        A training batch of a buffer on the device is drawn there; `rng` (evaluation's) draws on the host."""
+    def gather(self, batch_size, rng=None):  # frames of s and s'; `rng`: on the host
         if self.device is None or rng is not None:
             i = self.to_storage((rng or self.rng).integers(0, self.size, batch_size))
         else:
@@ -466,391 +270,279 @@ class ReplayBuffer:
         return {"frames": self.frames[trajectory[:, None], steps], "action": self.actions[trajectory, t],
                 "skill": self.skills[trajectory]}
 
-    def sample(self, batch_size, device, rng=None):
-        """A minibatch on `device`: each field copied there once (pinned, without waiting, on a GPU), and the stacks
-        of s (frames 0..k-1) and s' (frames 1..k) built there, where reordering bytes is cheap. A buffer on the
-        device copies nothing."""
+    def sample(self, batch_size, device, rng=None):  # on `device`, stacked there
         batch = self.gather(batch_size, rng)
         if self.device is None:
-            batch = {key: to_device(value, device) for key, value in batch.items()}
-        frames = batch.pop("frames")
-        return {"obs": stack_frames(frames[:, :-1]), "next_obs": stack_frames(frames[:, 1:]), **batch}
+            batch = {k: torch.from_numpy(v) for k, v in batch.items()}
+            if torch.device(device).type == "cuda":
+                batch = {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+        frames = batch.pop("frames")  # (B, k + 1, ...): s is 0..k-1, s' 1..k
+        return {"obs": frames[:, :-1].movedim(1, -2).flatten(-2).contiguous(),
+                "next_obs": frames[:, 1:].movedim(1, -2).flatten(-2).contiguous(), **batch}
 
-    def state_dict(self):
+    def state_dict(self):  # tensors: torch.save copies them less
         n = self.num_stored
-        # Tensors over the arrays, not copies: torch.save writes them as they are, while a pickled numpy array
-        # is copied several times over in memory on its way to disk (a pixel buffer's 1-3 GB, 4-5 times).
-        # On the device, the arrays are copied to the host first, so that any machine can resume the run.
-        return {"pos": self.pos, "num_stored": n, "frames": torch.as_tensor(self.frames[:n]).cpu(),
-                "actions": torch.as_tensor(self.actions[:n]).cpu(), "skills": torch.as_tensor(self.skills[:n]).cpu(),
-                "generator": None if self.generator is None else self.generator.get_state()}
+        arrays = {name: torch.as_tensor(getattr(self, name)[:n]).cpu() for name in ("frames", "actions", "skills")}
+        return {"pos": self.pos, "num_stored": n, **arrays, "generator": self.generator and self.generator.get_state()}
 
     def load_state_dict(self, state):
         self.pos, self.num_stored = state["pos"], state["num_stored"]
-        n = self.num_stored
         for name in ("frames", "actions", "skills"):
-            getattr(self, name)[:n] = state[name] if self.device is None else state[name].to(self.device)
-        if self.generator is not None and state.get("generator") is not None:  # else: moved to the device at resume
+            getattr(self, name)[:self.num_stored] = state[name] if self.device is None else state[name].to(self.device)
+        if self.generator is not None and state.get("generator") is not None:
             self.generator.set_state(state["generator"])
 
 
-# ---------------------------------------------------------------- the training loop
 def main(args, ckpt=None):
-    """METRA, epoch by epoch (the official iod/iod.py: IOD.train): evaluate every `eval_every` epochs (epoch 0
-    included); collect `num_envs` trajectories of the env's horizon, one skill z ~ p(z) each; then, once
-    `learning_starts` transitions are stored, take `grad_steps_per_epoch` gradient steps. `ckpt`: a run to resume."""
-    spec = envs.ENV_SPECS[args.env_id]
-    steps_per_epoch = args.num_envs * spec.horizon
-    num_epochs = args.total_env_steps // steps_per_epoch
-    contrastive = args.repr_loss == "contrastive"  # METRA-C, the ablation: no λ
-    run_name, run_dir, checkpoint_path, writer = start_run(args, ckpt)  # folder, Ctrl-C, W&B, TensorBoard
-
-    # ------------------------------------------------------------ seeding
+    """Epoch by epoch (iod/iod.py): evaluate, collect a trajectory per env, train; checkpoint, log, stop at a NaN."""
+    spec, d, contrastive = envs.ENV_SPECS[args.env_id], args.skill_dim, args.repr_loss == "contrastive"  # METRA-C
+    num_epochs = args.total_env_steps // (steps_per_epoch := args.num_envs * spec.horizon)
+    run_name, run_dir, ckpt_path, writer = start_run(args, ckpt)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    rng = np.random.default_rng(args.seed)  # replay sampling
-    eval_rng = np.random.default_rng(args.seed + 1)  # evaluation has its own streams, so it never changes training
-    eval_generator = torch.Generator().manual_seed(args.seed + 1)
+    rng, eval_rng = np.random.default_rng(args.seed), np.random.default_rng(args.seed + 1)
+    eval_generator = torch.Generator().manual_seed(args.seed + 1)  # evaluation's own streams
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls on the GPUs that have them
-
-    # ------------------------------------------------------------ envs
-    train_envs, eval_envs = make_envs(args)  # trajectories of exactly the horizon, never reset on their own
-    observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
-    action_dim = train_envs.single_action_space.shape[0]
-    d = args.skill_dim
-    check_memory(args, observation_space, action_dim, spec.horizon, spec.frame_stack, device)
-
-    # ------------------------------------------------------------ networks, optimizers, replay buffer
-    phi = Phi(observation_space, d, args.hidden_dim).to(device)
-    qf = [QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in range(2)]  # twins, SAC's
-    qf_target = [QNetwork(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in qf]
+    torch.set_float32_matmul_precision("high" if device.type == "cuda" else "highest")
+    try:
+        train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
+                                               args.num_eval_skills, args.seed, num_videos(args), args.parallel_envs)
+    except (envs.RenderUnavailable, MemoryError) as e:
+        error(e)
+    space, action_dim = train_envs.single_observation_space, train_envs.single_action_space.shape[0]
+    check_memory(args, space, action_dim, spec.horizon, spec.frame_stack, device)
+    phi = Phi(space, d, args.hidden_dim).to(device)
+    qf = [QNetwork(space, 1, args.hidden_dim, d + action_dim, nn.init.xavier_normal_).to(device) for _ in range(4)]
+    qf, qf_target = qf[:2], qf[2:]  # twins, then targets
     for net, target in zip(qf, qf_target):
         target.load_state_dict(net.state_dict())
-    actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
+    actor = Actor(space, action_dim, d, args.hidden_dim).to(device)
     if args.bf16:
         envs.encoders_in_bf16(phi, *qf, *qf_target, actor)
     log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
     log_lam = torch.tensor(math.log(args.dual_lam), device=device, requires_grad=True)  # never stepped in METRA-C
-    target_entropy = -action_dim / 2  # H̄ = -|A|/2, the official code's (temperature_loss)
-    adam = adam_options(args, device)  # foreach Adam; fused under --cudagraphs alone
-    phi_optimizer = torch.optim.Adam(phi.parameters(), **adam)
-    qf_params = [param for net in qf for param in net.parameters()]
-    qf_target_params = [param for net in qf_target for param in net.parameters()]
-    qf_optimizer = torch.optim.Adam(qf_params, **adam)  # one optimizer for the twins, on the sum of their losses
-    actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
-    alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
-    lam_optimizer = torch.optim.Adam([log_lam], **{**adam, "lr": args.dual_lr})
-    rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng,
+    adam = functools.partial(torch.optim.Adam, **adam_options(args, device))
+    qf_params, qf_target_params = ([p for net in nets for p in net.parameters()] for nets in (qf, qf_target))
+    modules = {"phi": phi, "qf1": qf[0], "qf2": qf[1], "qf1_target": qf_target[0], "qf2_target": qf_target[1],
+               "actor": actor, "phi_optimizer": adam(phi.parameters()), "qf_optimizer": adam(qf_params),
+               "actor_optimizer": adam(actor.parameters()), "alpha_optimizer": adam([log_alpha]),
+               "lam_optimizer": adam([log_lam], lr=args.dual_lr), "log_alpha": log_alpha, "log_lam": log_lam}
+    rb = ReplayBuffer(args.buffer_size, spec.horizon, space, spec.frame_stack, action_dim, d, rng,
                       device if args.buffer_on_device else None)
+    streams = (rng, eval_rng, eval_generator, train_envs, eval_envs)
+    window = {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
+    start_epoch, grad_steps, wall_time = (restore_checkpoint(ckpt, args, modules, rb, streams, window, device)
+                                          if ckpt else (0, 0, 0.0))
 
-    modules = {"phi": phi, **{f"qf{k}": net for k, net in enumerate(qf, 1)},  # the checkpoint's keys
-               **{f"qf{k}_target": net for k, net in enumerate(qf_target, 1)}, "actor": actor,
-               "phi_optimizer": phi_optimizer, "qf_optimizer": qf_optimizer, "actor_optimizer": actor_optimizer,
-               "alpha_optimizer": alpha_optimizer, "lam_optimizer": lam_optimizer}
-    start_epoch, grad_steps, wall_time, since_eval = 0, 0, 0.0, new_window()
-    if ckpt:
-        start_epoch, grad_steps, wall_time, since_eval = restore_checkpoint(
-            ckpt, args, run_dir, modules, log_alpha, log_lam, rb, rng, eval_rng, eval_generator,
-            (train_envs, eval_envs), device)
-
-    # ------------------------------------------------------------ one gradient step (the official iod/metra.py)
     def update(batch):
-        """One gradient step on one minibatch, in the official order: φ (Eq. 5), λ, the twin Qs on the rewards of the
-        φ just updated, π, α, the Polyak step of Q̄. Returns named stats, on the device: no step waits for the host."""
-        obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
-        alpha = log_alpha.exp().detach()
-        with record_function("phi step"):  # then (METRA) the dual step on log λ
+        """φ (Eq. 5), λ, Q on the new φ's reward (Eq. 6), π, α, Q̄, as officially; the stats stay on the device."""
+        obs, action, next_obs, skill = (batch[key] for key in ("obs", "action", "next_obs", "skill"))
+        alpha, w = log_alpha.exp().detach(), skill_weights(skill, args.discrete)
+        with record_function("phi step"):  # and λ's
             negatives = sample_skills(args.num_negatives, d, device=device) if contrastive else None  # z'_j ~ p(z)
-            phi_loss, c, logsumexp = phi_objective(phi, obs, next_obs, skill, negatives, log_lam, args)
-            phi_optimizer.zero_grad()
-            phi_loss.backward()
-            phi_optimizer.step()
-            if not contrastive:
-                lam_loss = dual_loss(log_lam, c)
-                lam_optimizer.zero_grad()
-                lam_loss.backward()
-                lam_optimizer.step()
+            dphi = phi(next_obs) - phi(obs)
+            phi_loss, c = metra_phi_loss(dphi, w, log_lam, args.dual_slack, args.constraint_norm)
+            phi_loss, logsumexp = contrastive_phi_loss(dphi, w, negatives, args.xi) if contrastive else (phi_loss, 0)
+            gradient_step(modules["phi_optimizer"], phi_loss)
+            if not contrastive:  # METRA-C only logs c
+                gradient_step(modules["lam_optimizer"], lam_loss := dual_loss(log_lam, c))
         with record_function("qf step"):
-            qf_loss, reward = qf_objective(qf, qf_target, phi, actor, obs, action, next_obs, skill, alpha, args)
-            qf_optimizer.zero_grad()
-            qf_loss.backward()
-            qf_optimizer.step()
-        with record_function("actor step"), frozen(qf):  # the gradient flows through Q to the action, not into Q
-            actor_loss, log_prob = actor_objective(actor, qf, obs, skill, alpha)
-            actor_optimizer.zero_grad()
-            actor_loss.backward()
-            actor_optimizer.step()
-        with record_function("alpha step"):  # then the target Qs: Q̄ ← (1 - τ) Q̄ + τ Q, every tensor in one call
-            alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
-            if args.env_id not in FIXED_ALPHA_ENVS:  # Kitchen: α stays at its initial value
-                alpha_optimizer.zero_grad()
-                alpha_loss.backward()
-                alpha_optimizer.step()
+            with torch.no_grad():
+                reward = intrinsic_reward(phi(next_obs) - phi(obs), w)
+                next_action, next_log_prob = actor.sample(next_obs, skill)
+                next_q = torch.stack([net(next_obs, skill, next_action) for net in qf_target])
+                target = critic_target(reward, next_q, next_log_prob, alpha, args.gamma)
+            qf_loss = critic_loss([net(obs, skill, action) for net in qf], target)
+            gradient_step(modules["qf_optimizer"], qf_loss)
+        with record_function("actor step"), frozen(qf):
+            new_action, log_prob = actor.sample(obs, skill)
+            pi_loss = actor_loss(log_prob, torch.stack([net(obs, skill, new_action) for net in qf]), alpha)
+            gradient_step(modules["actor_optimizer"], pi_loss)
+        with record_function("alpha step"):  # then Q̄ ← (1 - τ) Q̄ + τ Q
+            alpha_loss = temperature_loss(log_alpha, log_prob.detach(), -action_dim / 2)
+            if args.env_id not in FIXED_ALPHA_ENVS:
+                gradient_step(modules["alpha_optimizer"], alpha_loss)
             with torch.no_grad():
                 torch._foreach_lerp_(qf_target_params, qf_params, args.tau)
-        stats = {"phi_loss": phi_loss, "qf_loss": qf_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss,
+        stats = {"phi_loss": phi_loss, "qf_loss": qf_loss, "actor_loss": pi_loss, "alpha_loss": alpha_loss,
                  "reward": reward.mean(), "batch_constraint": c.mean(), "alpha": alpha}
         stats.update({"logsumexp": logsumexp} if contrastive else {"lambda_loss": lam_loss, "lambda": log_lam.exp()})
-        return {name: value.detach() for name, value in stats.items()}
+        return {k: v.detach() for k, v in stats.items()}
 
-    update = fast_path(update, args, device)  # --compile, --cudagraphs; without them, `update` itself
-
-    # ------------------------------------------------------------ the loop: evaluate, collect, update
-    segment_start = time.time()
-    for epoch in range(start_epoch, num_epochs + 1):
-        # evaluate and checkpoint at the start of the epoch: what the previous `epoch` epochs produced
-        if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
-            evaluate(epoch, grad_steps, wall_time + time.time() - segment_start, window_stats(since_eval), args,
-                     actor, phi, log_lam, rb, eval_envs, eval_rng, eval_generator, device, run_dir, writer)
-            since_eval = new_window()
-        if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
-            save_checkpoint(checkpoint_path, args, run_name, epoch, grad_steps, wall_time + time.time() - segment_start,
-                            since_eval, modules, log_alpha, log_lam, rb, rng, eval_rng, eval_generator,
-                            (train_envs, eval_envs), device)
-        if epoch == num_epochs:
-            break
-
-        # collect one trajectory per env, one skill each, with the stochastic policy
-        skills = sample_skills(args.num_envs, d, args.discrete).to(device)
-        obs, _ = train_envs.reset()
-        observations, actions = [obs], []
-        with torch.no_grad(), record_function("collection"):
-            for t in range(spec.horizon):
-                action = finite(actor.sample(torch.as_tensor(obs, device=device), skills)[0], epoch)
-                obs, _, terminated, truncated, _ = train_envs.step(action)
-                # never terminal, cut by the time limit exactly at the horizon: the buffer's trajectory layout
-                assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)
-                observations.append(obs)  # after the last step, the final observation; reset() starts the next epoch
-                actions.append(action)
-        rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
-        since_eval["env_steps"] += steps_per_epoch
-        env_steps = (epoch + 1) * steps_per_epoch
-
-        # update: gradient steps, each on its own minibatch
-        if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
-            train_start, step_stats = time.time(), []
-            for _ in range(args.grad_steps_per_epoch):
-                with record_function("sampling"):
-                    batch = rb.sample(args.batch_size, device)
-                step_stats.append(update(batch))
-            names, per_step = stack_stats(step_stats)  # (steps, stats)
-            stop_at_a_non_finite_loss(names, per_step, grad_steps, epoch, resume_hint(checkpoint_path))
-            grad_steps += args.grad_steps_per_epoch
-            record_epoch(since_eval, dict(zip(names, per_step.mean(0))), args.grad_steps_per_epoch,
-                         time.time() - train_start, writer, env_steps)
-        log_epoch(writer, epoch, env_steps, grad_steps, (epoch + 1 - start_epoch) * steps_per_epoch,
-                  time.time() - segment_start, since_eval, args.total_env_steps)
-
-    finish_run(args, run_dir, writer, train_envs, eval_envs)
-
-
-# ======================================================================================================================
-# INFRASTRUCTURE: what main calls around the algorithm (the command line, start-up, checkpoints, evaluation, logging)
-# ======================================================================================================================
-
-# ---------------------------------------------------------------- the command line
-def parse_args(argv=None):
-    """The command line, every unset flag given the paper's value for the env, every value checked (one line on
-    failure). With --resume, the flags the run was started with; a flag given beside it may change only what
-    RESUME_MAY_CHANGE names. Returns the args and the checkpoint (None for a new run)."""
-    args, ckpt = tyro.cli(Args, args=argv), None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume)
-        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
-        for flag, trained in ckpt["args"].items():
-            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
-                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
-    if args.env_id not in envs.ENV_SPECS:
-        error(f"unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
-    spec = envs.ENV_SPECS[args.env_id]
-    paper_discrete = args.env_id in DISCRETE_ENVS
-    if args.discrete is not None and args.discrete != paper_discrete and args.skill_dim is None:
-        error(f"the paper has no {'one-hot' if args.discrete else 'unit-sphere'} METRA skills on {args.env_id}; "
-              f"give --skill-dim too")
-    for flag, paper_value in env_defaults(args.env_id).items():
-        if getattr(args, flag) is None:
-            setattr(args, flag, paper_value)
-    if args.checkpoint_every is None:
-        args.checkpoint_every = args.eval_every
-    for flag, interval in FLAG_RANGES.items():
-        if not in_range(getattr(args, flag), interval):
-            error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
-    for flag, choices in FLAG_CHOICES.items():
-        if getattr(args, flag) not in choices:
-            error(f"--{flag.replace('_', '-')} must be one of {', '.join(choices)}, got {getattr(args, flag)!r}")
-    if args.discrete and args.skill_dim < 2:
-        error(f"one-hot skills need --skill-dim K >= 2, got {args.skill_dim}")
-    if args.discrete and args.repr_loss == "contrastive":
-        error("--repr-loss contrastive needs unit-sphere skills; add --discrete False --skill-dim D")
-    steps_per_epoch = args.num_envs * spec.horizon
-    if args.buffer_size < steps_per_epoch:
-        error(f"--buffer-size must hold one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} transitions), "
-              f"got {args.buffer_size}")
-    if args.total_env_steps < steps_per_epoch:
-        error(f"--total-env-steps must cover one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} env steps), "
-              f"got {args.total_env_steps}")
-    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps,
-                                                                args.buffer_size // spec.horizon * spec.horizon):
-        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
-              f"got {args.learning_starts}")
-    if ckpt and args.total_env_steps // steps_per_epoch <= ckpt["epoch"]:
-        error(f"{args.resume} has already trained for {ckpt['epoch'] * steps_per_epoch} env steps; "
-              f"give a larger --total-env-steps to continue it")
-    return args, ckpt
-
-
-def env_defaults(env_id):
-    """The paper's value of each flag whose default depends on the env (--checkpoint-every follows --eval-every)."""
-    spec = envs.ENV_SPECS[env_id]
-    return {"skill_dim": SKILL_DIMS[env_id], "discrete": env_id in DISCRETE_ENVS,
-            "total_env_steps": spec.total_env_steps, "num_envs": spec.num_envs,
-            "grad_steps_per_epoch": spec.grad_steps_per_epoch, "buffer_size": spec.buffer_size,
-            "eval_every": spec.eval_every}
-
-
-def in_range(value, interval):
-    """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
-    low, high = (float(end) for end in interval[1:-1].split(","))
-    above = low <= value if interval[0] == "[" else low < value
-    below = value <= high if interval[-1] == "]" else value < high
-    return above and below  # both False for NaN
-
-
-def load_checkpoint(path):
-    """The checkpoint at `path`, if it is one of this agent's; one line on failure."""
-    if not os.path.isfile(path):
-        error(f"no checkpoint file at {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        error(f"{path} is not a readable checkpoint ({type(e).__name__})")
-    if not isinstance(ckpt, dict) or "agent" not in ckpt:
-        error(f"{path} is not a cleanmisl checkpoint")
-    if ckpt["agent"] != AGENT:
-        error(f"{path} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
-    if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
-        error(f"{path} was written by another version of {AGENT}.py")
-    return ckpt
-
-
-# ---------------------------------------------------------------- start-up
-def start_run(args, ckpt):
-    """The run's folder (a resumed run goes on in its checkpoint's, whatever the working directory), Ctrl-C as one
-    line naming the checkpoint to resume from, W&B with --track, TensorBoard, and one line with the values of the
-    flags that depend on the env. Returns the run's name, folder, checkpoint path and TensorBoard writer."""
-    run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    signal.signal(signal.SIGINT, lambda *_: error(f"interrupted; {resume_hint(checkpoint_path)}"))  # writes are atomic
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
-    # TensorBoard writes from a thread: a failed write (a full disk) is raised again at the next add_scalar, and
-    # ends the run with one line there; its thread stays quiet
-    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters",
-                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    spec = envs.ENV_SPECS[args.env_id]
-    print(f"{args.env_id} (horizon {spec.horizon}): "
-          + ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}"
-                      for flag in (*env_defaults(args.env_id), "checkpoint_every"))
-          + (" (the run's own)" if ckpt else " (a flag not given takes the paper's value for the env)"), flush=True)
-    return run_name, run_dir, checkpoint_path, writer
-
-
-def num_video_skills(args):
-    """How many evaluation rollouts the --capture-video video shows side by side (0 without it)."""
-    return min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
-
-
-def make_envs(args):
-    """The training envs (one trajectory each per epoch) and the evaluation envs (one rollout each), seeded, in
-    worker processes unless --no-parallel-envs.
-
-    Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
-    env never resets on its own, so the observation after the last step is the final one (never a reset one). A
-    pixel world that cannot render ends the run with one line."""
-    try:  # a pixel world makes its render context at its first frame: the first reset
-        train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
-                                               args.num_eval_skills, args.seed, num_video_skills(args),
-                                               args.parallel_envs)
-    except (envs.RenderUnavailable, MemoryError) as e:  # a world that cannot render; envs that cannot fit
-        error(e)
-    return train_envs, eval_envs
-
-
-def free_memory(device):
-    """Bytes of memory free now: the GPU's, or the host's (MemAvailable); inf where it cannot be read."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return math.inf
-
-
-def check_memory(args, observation_space, action_dim, horizon, frame_stack, device):
-    """Refuse, before anything is allocated, a run that cannot fit in the memory free now, with what it needs.
-    Lower bounds: the replay buffer in host memory (with --buffer-on-device, on the device); on the device, the
-    hidden-by-hidden weights of φ, Q1, Q2 and π with their gradients and Adam's two moments plus Q's two targets,
-    and one batch of float observations and 8 hidden activations per transition."""
-    frame_bytes = math.prod(observation_space.shape) // frame_stack * observation_space.dtype.itemsize
-    trajectories = args.buffer_size // horizon
-    host = {"the replay buffer (--buffer-size)":
-            trajectories * ((horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim))}
-    on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2),
-                 "one batch (--batch-size)": 4 * args.batch_size * (2 * math.prod(observation_space.shape)
-                                                                    + 8 * args.hidden_dim)}
-    if args.buffer_on_device:
-        host, on_device = {}, {**host, **on_device}
-    places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
-    for place, parts in places.items():
-        free = free_memory(device if place == "GPU" else torch.device("cpu"))
-        if sum(parts.values()) > free:
-            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: "
-                  + ", ".join(f"{name} {size / 2**30:,.1f}" for name, size in parts.items())
-                  + f"; {free / 2**30:,.1f} GiB is free")
-
-
-def adam_options(args, device):
-    """Eager: foreach Adam, the per-tensor loop's numbers bit for bit in fewer calls. --compile: the same foreach Adam,
-    which torch.compile traces and fuses. --cudagraphs alone: fused Adam, one kernel per optimizer step. Under a CUDA
-    graph, capturable (the step counts on the GPU, so that each replay advances them)."""
-    fused = args.cudagraphs and not args.compile
-    capturable = args.cudagraphs and device.type == "cuda"
-    return {"lr": args.lr, "fused": fused, "foreach": not fused, "capturable": capturable}
-
-
-def fast_path(update, args, device):
-    """The gradient step that --compile and --cudagraphs ask for: torch.compile'd as one function, and on a GPU
-    replayed as one CUDA graph. On a CPU, --compile keeps eager's random draws, so that only the float rounding
-    differs (the equality test); on a GPU, inductor's own, fused into the kernels."""
-    if args.compile:
+    if args.compile:  # on a CPU with eager's random draws
         torch._inductor.config.fallback_random = device.type == "cpu"
         update = torch.compile(update)
     if args.cudagraphs and device.type != "cuda":
         print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them", flush=True)
-    elif args.cudagraphs:
-        update = CudaGraphStep(update)
-    return update
+    update = CudaGraphStep(update) if args.cudagraphs and device.type == "cuda" else update
+    segment_start = time.time()
+    for epoch in range(start_epoch, num_epochs + 1):
+        if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
+            evaluate(epoch, grad_steps, wall_time + time.time() - segment_start, window, args, modules, rb, streams,
+                     device, run_dir, writer)
+        if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
+            save_checkpoint(ckpt_path, args, run_name, epoch, grad_steps, wall_time + time.time() - segment_start,
+                            window, modules, rb, streams, device)
+        if epoch == num_epochs:
+            break
+        skills = sample_skills(args.num_envs, d, args.discrete).to(device)
+        observations, actions = [obs := train_envs.reset()[0]], []
+        with torch.no_grad(), record_function("collection"):
+            for t in range(spec.horizon):
+                action = finite(actor.sample(torch.as_tensor(obs, device=device), skills)[0], epoch)
+                obs, _, terminated, truncated, _ = train_envs.step(action)
+                # never terminal, cut exactly at the horizon: the buffer's layout
+                assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)
+                observations.append(obs)
+                actions.append(action)
+        rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
+        window["env_steps"] += steps_per_epoch
+        train_start, step_stats = time.time(), []
+        for _ in range(args.grad_steps_per_epoch if rb.size >= args.learning_starts else 0):
+            with record_function("sampling"):
+                batch = rb.sample(args.batch_size, device)
+            step_stats.append(update(batch))
+        env_steps, segment_steps = (epoch + 1) * steps_per_epoch, (epoch + 1 - start_epoch) * steps_per_epoch
+        if step_stats:  # stop at a NaN loss, else log the means
+            names = list(step_stats[0])
+            per_step = torch.stack([torch.stack(list(stats.values())) for stats in step_stats])  # (steps, names)
+            losses = [i for i, name in enumerate(names) if name.endswith("_loss")]
+            if (bad := ~torch.isfinite(per_step[:, losses])).any():
+                step, which = bad.nonzero()[0].tolist()
+                error(f"{names[losses[which]]} is {per_step[step, losses[which]].item()} at gradient step "
+                      f"{grad_steps + step + 1} (epoch {epoch})", ckpt_path)
+            grad_steps += len(step_stats)
+            window["stats"].append(dict(zip(names, means := per_step.mean(0))))
+            window["grad_steps"] += len(step_stats)
+            window["train_time"] += time.time() - train_start
+            for name, value in zip(names, means.tolist()):
+                writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
+        writer.add_scalar("charts/SPS", sps := int(segment_steps / (seconds := time.time() - segment_start)), env_steps)
+        writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
+        if (epoch + 1) % 10 == 0:
+            last = {k: v.item() for k, v in window["stats"][-1].items()} if window["stats"] else {}
+            print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | "
+                  f"{duration((args.total_env_steps - env_steps) * seconds / segment_steps)} left | "
+                  + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
+    for vector_env in (train_envs, eval_envs):
+        vector_env.close()
+    writer.close()
+    if args.track:
+        import wandb
+        wandb.finish()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    print(f"done: {run_dir}")
 
 
-class CudaGraphStep:
-    """A gradient step `step(batch) -> stats` replayed as one CUDA graph (--cudagraphs).
+# ABLATIONS: METRA-C (§6.3), --repr-loss contrastive: CSF's contrastive bound replaces METRA's φ loss, and λ stays.
+def contrastive_phi_loss(dphi, skill, negatives, xi):
+    """L(φ) = -E[Δφᵀz] + ξ E[log Σ_j exp Δφᵀz'_j] (Eq. 10 with ξ: Eq. 8's bound); and the mean log-sum-exp."""
+    logsumexp = torch.logsumexp(dphi @ negatives.T, dim=-1)
+    return -((dphi * skill).sum(-1) - xi * logsumexp).mean(), logsumexp.mean()
 
-    The first WARMUP calls run the step as it is, on a side stream as capture requires (they are real steps; they
-    also compile it under --compile). The next call records the step on a static copy of the batch, and from then on
-    every call copies its batch there and replays the graph: one launch for all of the step's kernels, the random
-    draws included. The stats are copied out of the graph's memory, which the next replay overwrites."""
 
+# INFRASTRUCTURE: the command line, start-up, the fast path, checkpoints, evaluation, logging.
+def parse_args(argv=None):  # the flags (unset: the paper's for the env) and any checkpoint
+    args, ckpt = tyro.cli(Args, args=argv), None
+    if path := args.resume:
+        if not os.path.isfile(path):
+            error(f"no checkpoint file at {path}")
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001
+            error(f"{path} is not a readable checkpoint ({type(e).__name__})")
+        if not isinstance(ckpt, dict) or "agent" not in ckpt:
+            error(f"{path} is not a cleanmisl checkpoint")
+        if ckpt["agent"] != AGENT:
+            error(f"{path} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
+        if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
+            error(f"{path} was written by another version of {AGENT}.py")
+        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
+        for flag, trained in ckpt["args"].items():
+            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
+                error(f"{path} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
+    if args.discrete is not None and args.discrete != (args.env_id in DISCRETE_ENVS) and args.skill_dim is None:
+        error(f"the paper has no {'one-hot' if args.discrete else 'unit-sphere'} METRA skills on {args.env_id}; "
+              "give --skill-dim too")
+    for flag, value in env_defaults(args.env_id).items():
+        setattr(args, flag, value if getattr(args, flag) is None else getattr(args, flag))
+    args.checkpoint_every = args.eval_every if args.checkpoint_every is None else args.checkpoint_every
+    for flag, interval in FLAG_RANGES.items():
+        low, high, value = *map(float, interval[1:-1].split(",")), getattr(args, flag)
+        if not ((low <= value if interval[0] == "[" else low < value)  # both False for NaN
+                and (value <= high if interval[-1] == "]" else value < high)):
+            error(f"--{flag.replace('_', '-')} must be in {interval}, got {value}")
+    if args.discrete and args.skill_dim < 2:
+        error(f"one-hot skills need --skill-dim K >= 2, got {args.skill_dim}")
+    if args.discrete and args.repr_loss == "contrastive":
+        error("--repr-loss contrastive needs unit-sphere skills; add --discrete False --skill-dim D")
+    epoch = args.num_envs * (h := envs.ENV_SPECS[args.env_id].horizon)
+    if args.buffer_size < epoch:
+        error(f"--buffer-size must hold one epoch (--num-envs × {h} = {epoch} transitions), got {args.buffer_size}")
+    if args.total_env_steps < epoch:
+        error(f"--total-env-steps must cover one epoch (--num-envs × {h} = {epoch} env steps), got "
+              f"{args.total_env_steps}")
+    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps, args.buffer_size // h * h):
+        error("--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; got "
+              f"{args.learning_starts}")
+    if ckpt and args.total_env_steps // epoch <= ckpt["epoch"]:
+        error(f"{path} has already trained for {ckpt['epoch'] * epoch} env steps; give a larger --total-env-steps to "
+              "continue it")
+    return args, ckpt
+
+
+def env_defaults(env_id):  # the paper's, for the env
+    spec = envs.ENV_SPECS[env_id]
+    return {"skill_dim": SKILL_DIMS[env_id], "discrete": env_id in DISCRETE_ENVS, "total_env_steps":
+            spec.total_env_steps, "num_envs": spec.num_envs, "grad_steps_per_epoch": spec.grad_steps_per_epoch,
+            "buffer_size": spec.buffer_size, "eval_every": spec.eval_every}
+
+
+def num_videos(args):
+    return min(4, args.num_eval_skills) if args.capture_video else 0
+
+
+def start_run(args, ckpt):  # the run's folder, Ctrl-C as one line, W&B, TensorBoard
+    run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    ckpt_path = os.path.join(run_dir, "checkpoint.pt")
+    signal.signal(signal.SIGINT, lambda *_: error("interrupted", ckpt_path))
+    if args.track:
+        import wandb
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
+    # TensorBoard's thread: a failed write comes back at the next add_scalar, as one line
+    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
+    writer, table = SummaryWriter(run_dir), "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    print(f"{args.env_id} (horizon {envs.ENV_SPECS[args.env_id].horizon}): " + ", ".join(
+        f"--{f.replace('_', '-')} {getattr(args, f)}" for f in (*env_defaults(args.env_id), "checkpoint_every"))
+          + (" (the run's own)" if ckpt else " (a flag not given takes the paper's value for the env)"), flush=True)
+    return run_name, run_dir, ckpt_path, writer
+
+
+def check_memory(args, space, action_dim, horizon, frame_stack, device):  # or one line
+    frame = math.prod(space.shape) // frame_stack * space.dtype.itemsize
+    parts = {"the replay buffer (--buffer-size)": args.buffer_size // horizon * (
+                 (horizon + 1) * frame + 4 * (horizon * action_dim + args.skill_dim)),
+             "the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2),
+             "one batch (--batch-size)": 4 * args.batch_size * (2 * math.prod(space.shape) + 8 * args.hidden_dim)}
+    gpu = [*parts][0 if args.buffer_on_device else 1:] if device.type == "cuda" else []
+    for place, names in (("GPU", gpu), ("host", [name for name in parts if name not in gpu])):
+        free = torch.cuda.mem_get_info(device)[0] if place == "GPU" and gpu else envs.free_host_memory()
+        if (needed := sum(parts[name] for name in names)) > free:
+            error(f"this run needs at least {needed / 2**30:,.1f} GiB of {place} memory: " + ", ".join(
+                f"{name} {parts[name] / 2**30:,.1f}" for name in names) + f"; {free / 2**30:,.1f} GiB is free")
+
+
+def adam_options(args, device):  # foreach; fused under --cudagraphs alone; capturable in a graph
+    fused, capturable = args.cudagraphs and not args.compile, args.cudagraphs and device.type == "cuda"
+    return {"lr": args.lr, "fused": fused, "foreach": not fused, "capturable": capturable}
+
+
+class CudaGraphStep:  # warm up, record, replay
     WARMUP = 3
 
     def __init__(self, step):
@@ -858,8 +550,7 @@ class CudaGraphStep:
 
     def __call__(self, batch):
         if self.calls < self.WARMUP:
-            self.calls += 1
-            side = torch.cuda.Stream()
+            self.calls, side = self.calls + 1, torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")
@@ -867,375 +558,188 @@ class CudaGraphStep:
             torch.cuda.current_stream().wait_stream(side)
             return stats
         if self.graph is None:
-            self.batch, self.graph = {key: value.clone() for key, value in batch.items()}, torch.cuda.CUDAGraph()
+            self.batch, self.graph = {k: v.clone() for k, v in batch.items()}, torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self.stats = self.step(self.batch)
         for key, value in batch.items():
             self.batch[key].copy_(value)
         self.graph.replay()
-        return {name: value.clone() for name, value in self.stats.items()}
+        return {k: v.clone() for k, v in self.stats.items()}
 
 
-# ---------------------------------------------------------------- checkpoints
-def restore_checkpoint(ckpt, args, run_dir, modules, log_alpha, log_lam, rb, rng, eval_rng, eval_generator, vector_envs,
-                       device):
-    """Put a checkpoint's state back: every network and optimizer (with the Adam the speed flags ask for now, not the
-    saved one), log α and log λ, the replay buffer, every RNG stream and the envs'. Drops the evaluations logged
-    after it (the run redoes them). Returns (epoch, gradient steps, wall time, the window since the last evaluation).
-    The state of another version of this script ends the run with one line."""
+def save_checkpoint(path, args, run_name, epoch, grad_steps, wall_time, window, modules, rb, streams, device):
+    """All a resumed run needs, written atomically; NaN or inf ends the run instead."""
+    def non_finite(x, prefix=""):  # the names of the tensors with NaN or inf, e.g. "actor.net.0.weight"
+        if torch.is_tensor(x):
+            return [prefix] if x.is_floating_point() and not torch.isfinite(x).all() else []
+        items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, (list, tuple)) else []
+        return [name for key, value in items for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
+
+    state = {name: module.detach().cpu() if torch.is_tensor(module) else module.state_dict()
+             for name, module in modules.items()}
+    if diverged := non_finite(state):
+        error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged", path)
+    rng, eval_rng, eval_generator, *vectors = streams
+    state |= {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
+              "wall_time": wall_time, "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(),
+              "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+              "numpy_rng": rng.bit_generator.state, "eval_numpy_rng": eval_rng.bit_generator.state,
+              "eval_torch_rng": eval_generator.get_state(),
+              "env_rngs": [s for vector in vectors for s in envs.env_rng_states(vector)],
+              "since_eval": {**window, "start": time.time() - window["start"]}}
+    write_atomically(path, lambda temporary: torch.save(state, temporary), path)
+
+
+def restore_checkpoint(ckpt, args, modules, rb, streams, window, device):  # Adam with this run's options
+    rng, eval_rng, eval_generator, train_envs, eval_envs = streams
     try:
         for name, module in modules.items():
-            module.load_state_dict(ckpt[name])
-            if isinstance(module, torch.optim.Optimizer):
-                use_adam_options(module, adam_options(args, device))
-        with torch.no_grad():
-            log_alpha.copy_(ckpt["log_alpha"])
-            log_lam.copy_(ckpt["log_lam"])
+            module.data.copy_(ckpt[name]) if torch.is_tensor(module) else module.load_state_dict(ckpt[name])
+            for group in getattr(module, "param_groups", []):
+                group.update({k: v for k, v in adam_options(args, device).items() if k != "lr"})
+                for param in [param for param in group["params"] if "step" in module.state.get(param, {})]:
+                    place = param.device if group["fused"] or group["capturable"] else "cpu"
+                    module.state[param]["step"] = module.state[param]["step"].to(place, torch.float32)
         rb.load_state_dict(ckpt["buffer"])
-        epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
         torch.set_rng_state(ckpt["torch_rng"])
         if device.type == "cuda" and ckpt["cuda_rng"] is not None:
             restore_cuda_rng(ckpt["cuda_rng"])
         eval_generator.set_state(ckpt["eval_torch_rng"])
         rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
-        env_rngs = ckpt["env_rngs"]
-        for vector_env in vector_envs:  # the training envs' states, then the evaluation envs'
-            envs.set_env_rng_states(vector_env, env_rngs[:vector_env.num_envs])
-            env_rngs = env_rngs[vector_env.num_envs:]
-        window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
-        stats = window["stats"]
-        if stats and torch.is_tensor(stats[0]):  # written before the stats had names: vectors in update's order
-            names = ("phi_loss", "qf_loss", "actor_loss", "alpha_loss", "reward", "batch_constraint", "alpha") + (
-                ("logsumexp",) if args.repr_loss == "contrastive" else ("lambda_loss", "lambda"))
-            stats = [dict(zip(names, means)) for means in stats]
-        since_eval = {**window, "stats": [{name: value.to(device) for name, value in means.items()} for means in stats],
-                      "start": time.time() - window["start"]}
-    except (KeyError, RuntimeError, ValueError) as e:  # the state of another version of this script
+        envs.set_env_rng_states(train_envs, ckpt["env_rngs"][:train_envs.num_envs])
+        envs.set_env_rng_states(eval_envs, ckpt["env_rngs"][train_envs.num_envs:])
+        saved = ckpt["since_eval"]
+        window |= {**saved, "start": time.time() - saved["start"], "resumed_at": ckpt["epoch"]}
+        window["stats"] = [{k: v.to(device) for k, v in means.items()} for means in window["stats"]]
+    except (KeyError, RuntimeError, ValueError, AttributeError) as e:
         error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
-    # evaluations logged after this checkpoint (the run stopped before writing its next one) are done again
-    truncate_log(os.path.join(run_dir, "eval.jsonl"), epoch)
-    steps_per_epoch = args.num_envs * envs.ENV_SPECS[args.env_id].horizon
-    print(f"resumed {ckpt['run_name']} at epoch {epoch} ({epoch * steps_per_epoch:,} env steps)")
-    return epoch, grad_steps, wall_time, since_eval
+    env_steps = ckpt["epoch"] * args.num_envs * envs.ENV_SPECS[args.env_id].horizon
+    print(f"resumed {ckpt['run_name']} at epoch {ckpt['epoch']} ({env_steps:,} env steps)")
+    return ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
 
 
-def use_adam_options(optimizer, options):
-    """Give a restored optimizer this run's Adam options (the checkpoint's may differ), with its step counts where
-    they must be: on the parameters' device for fused or capturable Adam, on the host otherwise."""
-    for group in optimizer.param_groups:
-        group.update({key: value for key, value in options.items() if key != "lr"})
-        for param in group["params"]:
-            if "step" in optimizer.state.get(param, {}):
-                device = param.device if group["fused"] or group["capturable"] else "cpu"
-                optimizer.state[param]["step"] = optimizer.state[param]["step"].to(device, torch.float32)
-
-
-def restore_cuda_rng(states):
-    """Restore a checkpoint's CUDA RNG states on the GPUs this machine sees: a run resumed where fewer GPUs are
-    visible than where it was written sets the ones it has (torch.cuda.set_rng_state_all would raise IndexError)."""
+def restore_cuda_rng(states):  # maybe fewer GPUs
     for index, state in enumerate(states[: torch.cuda.device_count()]):
         torch.cuda.set_rng_state(state, index)
 
 
-def truncate_log(log_path, last_epoch):
-    """Keep the evaluations of eval.jsonl up to `last_epoch` (a resumed run does the later ones again), rewritten
-    atomically. Blank lines and a torn last line (a crash while it was written) are dropped, the latter with a
-    warning; any other line that is not an evaluation ends the run with one line."""
-    if not os.path.isfile(log_path):
-        return
-    with open(log_path) as f:
-        lines = [line.rstrip("\n") for line in f if line.strip()]
-    kept = []
-    for number, line in enumerate(lines, 1):
-        try:
-            epoch = json.loads(line)["epoch"]
-        except (ValueError, KeyError, TypeError):
-            if number < len(lines):
-                error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
-            print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
-            continue
-        if epoch <= last_epoch:
-            kept.append(line + "\n")
-    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text("".join(kept)),
-                     resume_hint(os.path.join(os.path.dirname(log_path), "checkpoint.pt")))
-
-
-def save_checkpoint(path, args, run_name, epoch, grad_steps, wall_time, since_eval, modules, log_alpha, log_lam, rb,
-                    rng, eval_rng, eval_generator, vector_envs, device):
-    """Write everything a resumed run needs to go on exactly as this one would, atomically: a crash, a kill or a full
-    disk mid-write leaves the previous checkpoint intact. A network or optimizer holding NaN or inf is never saved as
-    good: the run ends with one line instead."""
-    state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
-             "wall_time": wall_time, "log_alpha": log_alpha.detach().cpu(), "log_lam": log_lam.detach().cpu(),
-             "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(),
-             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
-             "numpy_rng": rng.bit_generator.state, "eval_numpy_rng": eval_rng.bit_generator.state,
-             "eval_torch_rng": eval_generator.get_state(),
-             "env_rngs": [state for vector_env in vector_envs for state in envs.env_rng_states(vector_env)],
-             "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
-             **{name: module.state_dict() for name, module in modules.items()}}
-    diverged = non_finite({name: state[name] for name in modules})
-    if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite
-        error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
-              f"{resume_hint(path)}")
-    write_atomically(path, lambda temporary: torch.save(state, temporary), resume_hint(path))
-
-
-def non_finite(state, prefix=""):
-    """The names of the float tensors holding NaN or inf in a (nested) state dict, such as
-    "actor_optimizer.state.0.exp_avg_sq"."""
-    if torch.is_tensor(state):
-        return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
-    if isinstance(state, dict):
-        return [name for key, value in state.items() for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
-    if isinstance(state, (list, tuple)):
-        return [name for i, value in enumerate(state) for name in non_finite(value, f"{prefix}.{i}")]
-    return []
-
-
-# ---------------------------------------------------------------- evaluation (official iod/metra.py: _evaluate_policy)
 @torch.no_grad()
 @record_function("evaluation")
-def evaluate(epoch, grad_steps, wall_time, stats, args, actor, phi, log_lam, rb, eval_envs, eval_rng, eval_generator,
-             device, run_dir, writer):
-    """Deterministic rollouts → coverage, skill plot, E‖Δφ‖², the mean constraint term, λ, one line of eval.jsonl with
-    `stats` (the means since the previous evaluation); with --capture-video, a video of the first few rollouts; with
-    --save-repr-stats, the replay transitions' Δφ (repr_stats)."""
-    spec = envs.ENV_SPECS[args.env_id]
-    contrastive = args.repr_loss == "contrastive"
+def evaluate(epoch, grad_steps, wall_time, window, args, modules, rb, streams, device, run_dir, writer):
+    """Rollouts → coverage, λ, E‖Δφ‖², the window's stats (then a new one): eval.jsonl, TensorBoard, plot, video."""
+    (_, eval_rng, eval_generator, _, eval_envs), spec = streams, envs.ENV_SPECS[args.env_id]
     skills = eval_skills(args.num_eval_skills, args.skill_dim, args.discrete, eval_generator)
-    coordinates, frames, videos = [], [], num_video_skills(args)
-
-    def record(info):  # the state after reset and after every step
+    (obs, info), on_device, coordinates, frames = eval_envs.reset(), skills.to(device), [], []
+    for t in range(spec.horizon + 1):
         coordinates.append(info["coordinates"])
-        if videos:
-            frames.append(np.concatenate(envs.render_envs(eval_envs, range(videos)), 1))
-
-    obs, info = eval_envs.reset()
-    skills_on_device = skills.to(device)
-    record(info)
-    for _ in range(spec.horizon):
-        action = actor.mode(torch.as_tensor(obs, device=device), skills_on_device)
-        obs, _, _, _, info = eval_envs.step(finite(action, epoch))
-        record(info)
-    paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
-    env_steps = epoch * args.num_envs * spec.horizon
+        frames += [np.concatenate(envs.render_envs(eval_envs, range(num_videos(args))), 1)] if num_videos(args) else []
+        if t < spec.horizon:
+            action = modules["actor"].mode(torch.as_tensor(obs, device=device), on_device)
+            obs, _, _, _, info = eval_envs.step(finite(action, epoch))
+    paths, env_steps = np.stack(coordinates, 1), epoch * args.num_envs * spec.horizon
     result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps, "wall_time": round(wall_time, 2),
               "coverage": envs.coverage(paths, args.env_id)}
-    if rb.size > 0:  # E‖φ(s') - φ(s)‖² and the mean constraint term over replay transitions
-        n = min(NUM_DPHI_SAMPLES, rb.size)  # in chunks that fit in memory with pixels
-        batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))  # one at a time
-        pairs = [(phi(b["next_obs"]) - phi(b["obs"]), b["skill"]) for b in batches]
-        dphi, skill = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+    if rb.size > 0:  # 1000 at a time
+        n, phi = min(10_000, rb.size), modules["phi"]
+        batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))
+        dphi, skill = (torch.cat(x) for x in zip(*[(phi(b["next_obs"]) - phi(b["obs"]), b["skill"]) for b in batches]))
         result["dphi_sq"] = dphi.pow(2).sum(-1).mean().item()
         result["constraint"] = constraint(dphi, args.dual_slack, args.constraint_norm).mean().item()
         if args.save_repr_stats:
-            np.savez_compressed(os.path.join(run_dir, f"repr_stats_{env_steps:010d}.npz"),
-                                **repr_stats(dphi, skill_weights(skill, args.discrete)), skill=skill.cpu().numpy(),
-                                discrete=args.discrete, env_id=args.env_id, env_steps=env_steps,
-                                repr_loss=args.repr_loss, constraint_norm=args.constraint_norm)
-    result.update(stats)
-    if not contrastive:
-        result["lambda"] = log_lam.exp().item()  # the current λ, not its mean since the last evaluation
+            np.savez_compressed(f"{run_dir}/repr_stats_{env_steps:010d}.npz", skill=skill.cpu().numpy(),
+                                **repr_stats(dphi, skill_weights(skill, args.discrete)), discrete=args.discrete,
+                                env_id=args.env_id, env_steps=env_steps, repr_loss=args.repr_loss,
+                                constraint_norm=args.constraint_norm)
+    if window["stats"]:
+        per_epoch = torch.stack([torch.stack(list(means.values())) for means in window["stats"]])
+        result |= dict(zip(window["stats"][0], per_epoch.mean(0).tolist()))
+    result |= {"sps": window["env_steps"] / (time.time() - window["start"])} if window["env_steps"] else {}
+    result |= {"ms_per_grad_step": 1000 * window["train_time"] / window["grad_steps"]} if window["grad_steps"] else {}
+    result |= {"lambda": modules["log_lam"].exp().item()} if args.repr_loss == "dual" else {}
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    # every file whole or not at all: a full disk or a read-only folder ends the run with one line
-    hint = resume_hint(os.path.join(run_dir, "checkpoint.pt"))
-    fig = plot_skills(paths, skill_colors(skills.numpy(), args.discrete),
-                      f"{'METRA-C' if contrastive else 'METRA'} {args.env_id}, {env_steps:,} env steps, "
-                      f"coverage {result['coverage']}", args.env_id)
-    write_atomically(os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
-                     lambda temporary: fig.savefig(temporary, dpi=100), hint)
-    plt.close(fig)
+    fig, z = Figure(figsize=(5, 5)), skills.numpy()
+    angle = np.arctan2(z[:, 1], z[:, 0]) if args.skill_dim > 1 else np.pi * (z[:, 0] > 0)
+    hue = z.argmax(-1) / z.shape[-1] if args.discrete else (angle + np.pi) / (2 * np.pi)
+    envs.draw_coordinates(ax := fig.subplots(), paths, colormaps["hsv"](hue), args.env_id)
+    ax.set_title(f"METRA{'-C' * (args.repr_loss == 'contrastive')} {args.env_id}, {env_steps:,} env steps, "
+                 f"coverage {result['coverage']}")
+    fig.tight_layout()
+    checkpoint = f"{run_dir}/checkpoint.pt"
+    write_atomically(f"{run_dir}/skills_{env_steps:010d}.png", lambda tmp: fig.savefig(tmp, dpi=100), checkpoint)
     if frames:
         import imageio
-
-        os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
-        write_atomically(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"),
-                         lambda temporary: imageio.mimsave(temporary, frames, fps=20), hint)
-    for key in ("coverage", "dphi_sq", "constraint", "lambda"):
-        if key in result:
-            writer.add_scalar(f"eval/{key}", result[key], env_steps)
-    log_path = os.path.join(run_dir, "eval.jsonl")
-    logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
-    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text(
-        logged + json.dumps(result) + "\n"), hint)
-    shown = ("dphi_sq", "constraint", "lambda", *(k for k in stats if k != "lambda"))
+        os.makedirs(f"{run_dir}/videos", exist_ok=True)
+        write_atomically(f"{run_dir}/videos/skills_{env_steps:010d}.mp4",
+                         lambda tmp: imageio.mimsave(tmp, frames, fps=20), checkpoint)
+    for key in [key for key in ("coverage", "dphi_sq", "constraint", "lambda") if key in result]:
+        writer.add_scalar(f"eval/{key}", result[key], env_steps)
+    log, kept, cutoff = pathlib.Path(run_dir, "eval.jsonl"), [], window.pop("resumed_at", epoch - 1)  # after: redone
+    lines = [line for line in log.read_text().split("\n") if line.strip()] if log.is_file() else []
+    for number, line in enumerate(lines, 1):
+        try:
+            kept += [line + "\n"] if json.loads(line)["epoch"] <= cutoff else []
+        except (ValueError, KeyError, TypeError):
+            if number < len(lines):
+                error(f"line {number} of {log} is not an evaluation; mend or delete it, then resume")
+            print(f"warning: dropped the torn last line of {log}", file=sys.stderr)
+    write_atomically(str(log), lambda tmp: pathlib.Path(tmp).write_text("".join(kept) + json.dumps(result) + "\n"),
+                     checkpoint)
     print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | " + " | ".join(
-        f"{k} {result[k]:.4g}" for k in shown if k in result), flush=True)
+        f"{k} {result[k]:.4g}" for k in dict.fromkeys(("dphi_sq", "constraint", "lambda", *list(result)[5:-1]))
+        if k in result), flush=True)
+    window.update(stats=[], train_time=0.0, grad_steps=0, start=time.time(), env_steps=0)
 
 
-def eval_skills(n, skill_dim, discrete, generator):
-    """The n evaluation skills: fresh prior draws, or the K one-hots split evenly (n // K each, the remainder to the
-    lowest indices, as the official iod/metra.py: _evaluate_policy splits them)."""
+def eval_skills(n, skill_dim, discrete, generator):  # or the K one-hots in turn
     if discrete:
         return F.one_hot((torch.arange(n) % skill_dim).sort().values, skill_dim).float()
     return sample_skills(n, skill_dim, generator=generator)
 
 
-def repr_stats(dphi, weights):
-    """The samples behind the paper's Figure 2 (§6.2): Δφ, the skill vector w, Δφ - w and Δφ/‖Δφ‖, as NumPy arrays."""
+def repr_stats(dphi, weights):  # Figure 2 (§6.2)
     dphi, weights = dphi.detach().cpu().double(), weights.detach().cpu().double()
     norm = dphi.norm(dim=-1, keepdim=True)
     return {"dphi": dphi.numpy(), "z": weights.numpy(), "dphi_minus_z": (dphi - weights).numpy(),
             "dphi_unit": (dphi / norm.clamp_min(1e-12)).numpy(), "dphi_sq": norm.squeeze(-1).pow(2).numpy()}
 
 
-def skill_colors(skills, discrete):
-    """One colour per skill: by index for one-hot skills, by the angle of (z_0, z_1) otherwise (by the sign of z for
-    d = 1)."""
-    if discrete:
-        return plt.cm.hsv(skills.argmax(-1) / skills.shape[-1])
-    angle = np.arctan2(skills[:, 1], skills[:, 0]) if skills.shape[-1] > 1 else np.pi * (skills[:, 0] > 0)
-    return plt.cm.hsv((angle + np.pi) / (2 * np.pi))
+def duration(seconds):  # "45 s", "12 min", "3 h 05 min"
+    m = round(seconds / 60)
+    return f"{seconds:.0f} s" if seconds < 60 else f"{m} min" if m < 60 else f"{m // 60} h {m % 60:02d} min"
 
 
-def plot_skills(coordinates, colors, title, env_id):
-    """The evaluation trajectories, one colour per skill."""
-    fig, ax = plt.subplots(figsize=(5, 5))
-    envs.draw_coordinates(ax, coordinates, colors, env_id)
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig
-
-
-# ---------------------------------------------------------------- stats, logging and the end of a run
-def new_window():
-    """What happened since the last evaluation: the means and speeds the next one reports. `stats` holds one dict of
-    named means per epoch that trained."""
-    return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
-
-
-def stack_stats(stats):
-    """A list of dicts of named 0-dim tensors (one per gradient step, or per epoch) → the names, and the values as one
-    (len(stats), names) tensor, whose mean(0) is each stat's mean."""
-    names = list(stats[0])
-    return names, torch.stack([torch.stack([entry[name] for name in names]) for entry in stats])
-
-
-def window_stats(window):
-    """What the next evaluation reports of the window since the previous one: each stat's mean over the epochs that
-    trained, the env steps per second and the milliseconds per gradient step."""
-    stats = {}
-    if window["stats"]:
-        names, per_epoch = stack_stats(window["stats"])
-        stats = dict(zip(names, per_epoch.mean(0).tolist()))
-    elapsed = time.time() - window["start"]
-    if window["env_steps"]:
-        stats["sps"] = window["env_steps"] / elapsed
-    if window["grad_steps"]:
-        stats["ms_per_grad_step"] = 1000 * window["train_time"] / window["grad_steps"]
-    return stats
-
-
-def stop_at_a_non_finite_loss(names, per_step, grad_steps, epoch, hint):
-    """End the run with one line naming the first loss (a stat named *_loss) that is NaN or inf in this epoch's
-    steps, and its gradient step. per_step: (steps, names); grad_steps: the steps taken before this epoch's."""
-    losses = [i for i, name in enumerate(names) if name.endswith("_loss")]
-    bad = ~torch.isfinite(torch.stack([per_step[:, i] for i in losses], 1))  # (steps, losses)
-    if bad.any():
-        step, which = bad.nonzero()[0].tolist()
-        loss = losses[which]
-        error(f"{names[loss]} is {per_step[step, loss].item()} at gradient step {grad_steps + step + 1} "
-              f"(epoch {epoch}); {hint}")
-
-
-def finite(action, epoch):
-    """The policy's action as a numpy array for the envs, which refuse NaN and inf: if it has one, the networks
-    diverged in the last update (a NaN loss would show at the next), and the run ends with one line."""
-    action = action.cpu().numpy()
-    if not np.isfinite(action).all():
+def finite(action, epoch):  # or one line
+    if not np.isfinite(action := action.cpu().numpy()).all():
         error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
     return action
 
 
-def record_epoch(window, stats, steps, train_time, writer, env_steps):
-    """Add an epoch's `steps` gradient steps to the window (`stats`: each stat's mean over them) and to TensorBoard."""
-    window["stats"].append(stats)
-    window["grad_steps"] += steps
-    window["train_time"] += train_time
-    for name, value in floats(stats).items():
-        writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
+def error(message, checkpoint_path=None):
+    if checkpoint_path:
+        resumable = os.path.isfile(checkpoint_path)
+        message += f"; resume with --resume {checkpoint_path}" if resumable else "; no checkpoint was written yet"
+    sys.exit(f"{AGENT}.py: error: {message}")
 
 
-def log_epoch(writer, epoch, env_steps, grad_steps, steps_this_segment, seconds_this_segment, window,
-              total_env_steps):
-    """TensorBoard's speed and gradient steps after each epoch; every 10 epochs, one line with the last stats and
-    the time the rest of --total-env-steps takes at this run's speed so far (evaluations included)."""
-    sps = int(steps_this_segment / seconds_this_segment)
-    writer.add_scalar("charts/SPS", sps, env_steps)
-    writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
-    if (epoch + 1) % 10 == 0:
-        last = floats(window["stats"][-1]) if window["stats"] else {}
-        left = duration((total_env_steps - env_steps) * seconds_this_segment / steps_this_segment)
-        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | {left} left | "
-              + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
-
-
-def duration(seconds):
-    """A time span as people read it: "45 s", "12 min", "3 h 05 min"."""
-    minutes = round(seconds / 60)
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
-
-
-def floats(stats):
-    """Named 0-dim tensors as Python floats, read from the device at once."""
-    names, values = stack_stats([stats])
-    return dict(zip(names, values[0].tolist()))
-
-
-def finish_run(args, run_dir, writer, *vector_envs):
-    """Close the envs and the logs; Ctrl-C as before the run."""
-    for vector_env in vector_envs:
-        vector_env.close()
-    writer.close()
-    if args.track:
-        import wandb
-
-        wandb.finish()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    print(f"done: {run_dir}")
-
-
-# ---------------------------------------------------------------- failures and files
-def error(message):
-    """End the run with one line on stderr, no traceback."""
-    sys.exit(f"metra.py: error: {message}")
-
-
-def resume_hint(checkpoint_path):
-    """What a stopped run can be resumed from."""
-    if os.path.isfile(checkpoint_path):
-        return f"resume with --resume {checkpoint_path}"
-    return "no checkpoint was written yet"
-
-
-def write_atomically(path, write, hint):
-    """Write `path` by `write(temporary path)`, then rename it into place: a write that fails (a full disk, a
-    read-only folder) leaves the earlier file whole and no temporary behind, and ends the run with one line."""
-    root, extension = os.path.splitext(path)
-    temporary = f"{root}.tmp{extension}"  # the extension tells savefig and imageio the format
+def write_atomically(path, write, checkpoint_path):  # or one line
+    temporary = "{}.tmp{}".format(*os.path.splitext(path))
     try:
         write(temporary)
         os.replace(temporary, path)
-    except BaseException as e:  # a failed write, or Ctrl-C or an error mid-write: no temporary left behind
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(temporary)
-        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a failed write as a RuntimeError
+        if not isinstance(e, (OSError, RuntimeError)):  # torch.save's failed write
             raise
-        if isinstance(e, OSError):
-            reason = e.strerror or str(e)
-        elif "unexpected pos" in str(e) or "write failed" in str(e):
-            reason = "the write was cut short: is the disk full?"
-        else:
-            reason = " ".join(str(e).split())[:120]
-        error(f"cannot write {path} ({reason}); {hint}")
+        cut_short = "unexpected pos" in str(e) or "write failed" in str(e)
+        reason = (e.strerror or str(e)) if isinstance(e, OSError) else (
+            "the write was cut short: is the disk full?" if cut_short else " ".join(str(e).split())[:120])
+        error(f"cannot write {path} ({reason})", checkpoint_path)
 
 
 if __name__ == "__main__":
     args, ckpt = parse_args()
     try:
         main(args, ckpt)
-    except OSError as e:  # the run's folder or TensorBoard's file cannot be written (read-only, a full disk)
+    except OSError as e:
         error(f"cannot write {os.fsdecode(e.filename) if e.filename else 'the TensorBoard log'} ({e.strerror or e})")

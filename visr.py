@@ -1,46 +1,31 @@
 """VISR, Variational Intrinsic Successor featuRes (Hansen et al., ICLR 2020), in one file: a baseline of "Can a MISL
-Fly? Analysis and Ingredients for Mutual Information Skill Learning" (Zheng, Tuyls, Peng and Eysenbach, ICLR 2025).
+Fly? Analysis and Ingredients for Mutual Information Skill Learning" (Zheng et al., ICLR 2025).
 
-A skill z ~ p(z) = Unif(S^{d-1}) is held for a whole trajectory of the policy π(a | s, z). VISR learns φ(s) ∈ R^d as a
-von Mises-Fisher discriminator of the skill from the *current* state, q(z | s) ∝ exp(ê(s)ᵀz), ê(s) = φ(s)/‖φ(s)‖,
-κ = 1, on the reverse variational lower bound (paper App. A.5; Hansen et al., Eq. 9):
+A skill z ~ p(z) = Unif(S^{d-1}) is held for a whole trajectory of π(a | s, z). φ(s) ∈ R^d is a von Mises-Fisher
+discriminator of z from the *current* state, q(z | s) ∝ exp(ê(s)ᵀz), ê(s) = φ(s)/‖φ(s)‖, κ = 1, trained on the reverse
+variational lower bound (paper App. A.5; Hansen et al., Eq. 9):
     I(S; Z) ≥ H(Z) + E[log q(z | s)],   so   max_φ E[ê(s)ᵀz].
-The policy maximizes the reward r(s, z) = φ(s)ᵀz = ‖φ(s)‖ ê(s)ᵀz (the official code regresses ψ on the unnormalized
-φ(s); --normalized-cumulant on ê(s)). Linear in z, so the critic is a vector, as CSF's (paper §5.2): successor features
-ψ(s, a, z) ∈ R^d regressed by TD onto φ(s) + γ ψ̄(s', a', z), a' ~ π(·|s', z), with Q(s, a, z) = ψ(s, a, z)ᵀz. π is
-SAC's actor on that Q, α tuned automatically; no GPI, which the paper's VISR leaves out on continuous control
-(App. B.2).
+The reward φ(s)ᵀz (--normalized-cumulant: ê(s)ᵀz) is linear in z, so, as in CSF (paper §5.2), successor features
+ψ(s, a, z) ∈ R^d regress by TD onto φ(s) + γ ψ̄(s', a', z), a' ~ π(·|s', z), and Q = ψᵀz. π is SAC's actor on Q, with an
+automatic α; no GPI (App. B.2).
 
-    python visr.py --env-id Ant                       # the paper's settings: d = 5 unit-sphere skills
-    python visr.py --env-id Ant --hidden-dim 256      # what a CPU can train in an hour
-    python visr.py --env-id Humanoid                  # 64×64 pixels (wants a GPU)
+    python visr.py --env-id Ant                                              # the paper's run: 64M env steps
+    python visr.py --env-id Ant --hidden-dim 256 --total-env-steps 3000000   # about 2 h on one CPU core
+    python visr.py --env-id Humanoid --cudagraphs --buffer-on-device         # 64×64 pixels, on a GPU
 
 Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features, iod/metra_sf.py
-run with --no_diff_in_rep 1 --self_normalizing 1 --dual_reg 0; none changes the algorithm behind the published numbers):
-  - time-limit steps are simply never terminal; the official sampler marks the last step of every trajectory done
-    (garagei/sampler/option_worker.py), and the scripts' --turn_off_dones 1 then zeroes every done.
-  - dropped because they never affect learning: the replay buffer's future-goal sampler, whose draws nothing reads
-    (garagei/replay_buffer/path_buffer_ex.py), the target φ that iod/metra.py creates and never updates, METRA's λ
-    machinery, which --dual_reg 0 turns off, and the stored rewards / next actions / returns.
-  - ê(s) divides by max(‖φ(s)‖, 1e-12), so a zero φ(s) gives 0 rather than NaN.
-  - evaluation every 500 epochs on Ant, 1000 on HalfCheetah, 125 on Quadruped and Humanoid, as csf.py; the official
-    DIAYN and VISR scripts (scripts/pretrain/) evaluate half as often on Ant, Quadruped and Humanoid
-    (--n_epochs_per_eval 1000, 250). Evaluation never changes training.
-  - additions, not in the official code: the last epoch is always evaluated and checkpointed, every
-    evaluation also reports the mean ê(s)ᵀz over 10k replay transitions, and a --buffer-size that is not a
-    multiple of the horizon is rounded down to whole trajectories (the paper's 1M and 300k are). A checkpoint
-    also holds the loss means since the last evaluation, so a run resumed from any epoch reports what the
-    uninterrupted run does.
-  - pixels: the replay buffer keeps each frame once and rebuilds the stacks by index (3.7 GB instead of
-    22 GB at 300k transitions, same samples); on a CPU, envs.py renders by default without shadows or
-    multisampling (2-70x faster there; CLEANMISL_RENDER=official draws the official look), and it seeds every env
-    differently, where the official run/train.py: make_env seeds every worker's task alike, so that they all repeat
-    the same initial states.
-  - on a GPU, float32 matmuls use TF32 (torch.set_float32_matmul_precision("high")), which is faster there; a CPU
-    computes them in full float32, and the tests' numbers are the CPU's.
-
-The file reads in the paper's order: Args; the losses; the networks; the replay buffer; `main`, the training loop; then
-the infrastructure main calls (the command line, start-up, checkpoints, evaluation, logging).
+with --no_diff_in_rep 1 --self_normalizing 1 --dual_reg 0), none in the algorithm:
+  - a time limit is never a terminal step (the official sampler marks it done; --turn_off_dones 1 undoes that).
+  - left out, as they never change learning: the future-goal sampler, the never-updated target φ, METRA's λ (off under
+    --dual_reg 0), the stored rewards, next actions and returns. ê(s) of a zero φ(s) is 0, not NaN.
+  - evaluation (never changing training) every 500 epochs on Ant, 1000 on HalfCheetah, 125 on Quadruped and Humanoid,
+    as csf.py (the official VISR script: 1000 on Ant, 250 on Quadruped and Humanoid), and at the last epoch, also
+    checkpointed; all but a new run's first report the mean ê(s)ᵀz of 10k replay transitions drawn with replacement;
+    a checkpoint holds the stats since the last evaluation, which a resumed run reports.
+  - --buffer-size is rounded down to whole trajectories; each pixel frame is stored once, stacks rebuilt by index
+    (3.7 GB, not 22 GB, at 300k transitions). On a CPU, envs.py renders without shadows or multisampling
+    (CLEANMISL_RENDER=official: the official look); every env is seeded differently (the official code: all alike).
+  - on a GPU, float32 matmuls use TF32; the tests' numbers are the CPU's, in float32.
 """
 
 import contextlib
@@ -49,7 +34,6 @@ import json
 import math
 import os
 import pathlib
-import random
 import resource
 import signal
 import sys
@@ -57,189 +41,111 @@ import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, fields
-from typing import Optional
+from typing import Literal, Optional
 
-import gymnasium as gym
-import matplotlib
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
+from matplotlib import colormaps
+from matplotlib.figure import Figure
 from torch.profiler import record_function
 from torch.utils.tensorboard import SummaryWriter
 
 import envs
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 AGENT = "visr"
-# the paper's skill dimensions (App. B.3's table of skill dimensions per method and environment)
-SKILL_DIMS = {"Ant": 5, "HalfCheetah": 5, "Quadruped": 5, "Humanoid": 5, "Kitchen": 5, "Robobin": 5}
-NUM_DIAGNOSTIC_SAMPLES = 10_000  # replay transitions behind the mean-ê(s)ᵀz diagnostic
-NUM_VIDEO_SKILLS = 4  # skills shown side by side in --capture-video
+SKILL_DIMS = {"Ant": 5, "HalfCheetah": 5, "Quadruped": 5, "Humanoid": 5, "Kitchen": 5, "Robobin": 5}  # App. B.3
 
 
 @dataclass
 class Args:
-    env_id: str = "Ant"
-    """the environment: Ant, HalfCheetah (states), Quadruped, Humanoid, Kitchen or Robobin (64×64 pixels)"""
-    skill_dim: Optional[int] = None
-    """dimension d of the skill z on the unit sphere (unset: the paper's 5 on every env)"""
-    seed: int = 1
-    """seed of torch, numpy and the envs; on a CPU the same seed gives the same run"""
-    total_env_steps: Optional[int] = None
-    """training budget in environment steps, evaluation rollouts not counted (unset: the paper's 64M on states,
-    4.8M on pixels)"""
-    num_envs: Optional[int] = None
-    """trajectories collected per epoch, one skill each, stepped together (unset: 8, Robobin 10)"""
-    grad_steps_per_epoch: Optional[int] = None
-    """gradient steps after each collection round (unset: 50 on states, 200 on Quadruped and Humanoid, 100 on
-    Kitchen and Robobin)"""
-    learning_starts: int = 10_000
-    """transitions stored before the first gradient step"""
-    batch_size: int = 256
-    """transitions per minibatch, sampled uniformly with replacement"""
-    buffer_size: Optional[int] = None
-    """replay capacity in transitions, oldest overwritten first (unset: 1M on states, 300k on pixels, Kitchen 100k)"""
-    hidden_dim: int = 1024
-    """width of the two hidden layers of φ, ψ and π (the paper's 1024; 256 trains 10x faster on a CPU)"""
-    eval_every: Optional[int] = None
-    """epochs between evaluations (unset: Ant 500, HalfCheetah 1000, Quadruped and Humanoid 125, Kitchen 250, Robobin
-    500); the last epoch is always evaluated"""
-    checkpoint_every: Optional[int] = None
-    """epochs between checkpoints (unset: same as --eval-every); the last epoch always writes one"""
-    resume: Optional[str] = None
-    """path of a checkpoint.pt to continue from; the run keeps its directory, seed and RNG streams"""
-    cuda: bool = True
-    """use the GPU when torch sees one"""
-    parallel_envs: bool = True
-    """step the training and the evaluation envs in worker processes, at most one per core, each stepping several;
-    --no-parallel-envs steps them one by one in this process (the same numbers either way)"""
-    buffer_on_device: bool = False
-    """keep the replay buffer in the training device's memory and draw the batches there, so a gradient step copies
-    nothing from the host (a 300k-transition pixel buffer takes 3.7 GB); the draws are torch's, not the host
-    buffer's. On a CPU, the same code with the CPU as the device"""
-    track: bool = False
-    """also log to Weights & Biases (WANDB_MODE=offline works)"""
-    wandb_project_name: str = "cleanmisl"
-    """W&B project, with --track"""
-    wandb_entity: Optional[str] = None
-    """W&B team, with --track"""
-    capture_video: bool = False
-    """at each evaluation, write an MP4 of the first few evaluation skills side by side"""
-    num_eval_skills: int = 48
-    """deterministic evaluation rollouts per evaluation, one fresh skill each (the paper's 48)"""
-    normalized_cumulant: bool = False
-    """regress ψ on ê(s) = φ(s)/‖φ(s)‖, the discriminator's own score, instead of the official unnormalized φ(s)"""
-    gamma: float = 0.99
-    """discount of the successor features"""
-    tau: float = 0.005
-    """Polyak step of the target ψ networks, after every gradient step"""
-    lr: float = 1e-4
-    """Adam learning rate of φ, ψ, π and log α"""
-    alpha_init: float = 0.01
-    """initial entropy temperature α (tuned automatically towards entropy -|A|/2)"""
-    compile: bool = False
-    """torch.compile the whole gradient step as one function: every loss, its backward and Adam step, and the Polyak
-    step. Same numbers as eager up to float rounding; meant for a GPU"""
-    bf16: bool = False
-    """on pixels, run the CNN encoders' convolutions in bfloat16 (torch.autocast), their features in float32"""
-    cudagraphs: bool = False
-    """on a GPU, record the whole gradient step once as a CUDA graph and replay it, one launch per step (with or
-    without --compile); a CPU runs the step without graphs, and says so"""
+    env_id: Literal["Ant", "HalfCheetah", "Quadruped", "Humanoid", "Kitchen", "Robobin"] = "Ant"  # The world.
+    skill_dim: Optional[int] = None  # Skill dimension d (unset: the paper's 5).
+    seed: int = 1  # Seed of every random stream; on a CPU, the same seed gives the same run.
+    total_env_steps: Optional[int] = None  # Env steps to train for (unset: the paper's).
+    num_envs: Optional[int] = None  # Trajectories collected per epoch, one skill each (unset: the paper's).
+    grad_steps_per_epoch: Optional[int] = None  # Gradient steps after each collection (unset: the paper's).
+    learning_starts: int = 10_000  # Transitions stored before the first gradient step.
+    batch_size: int = 256  # Transitions per minibatch, drawn uniformly with replacement.
+    buffer_size: Optional[int] = None  # Replay capacity in transitions (unset: the paper's).
+    hidden_dim: int = 1024  # Width of the hidden layers of φ, ψ and π.
+    eval_every: Optional[int] = None  # Epochs between evaluations, and the last one (unset: the paper's).
+    checkpoint_every: Optional[int] = None  # Epochs between checkpoints, and the last one (unset: --eval-every).
+    resume: Optional[str] = None  # A checkpoint.pt to continue, in its run's folder, with its flags.
+    cuda: bool = True  # Use the GPU when torch sees one.
+    parallel_envs: bool = True  # Step the envs in worker processes (the same numbers).
+    buffer_on_device: bool = False  # Keep the replay buffer on the training device and draw the batches there.
+    cudagraphs: bool = False  # On a GPU, replay the whole gradient step as one CUDA graph.
+    compile: bool = False  # Compile the whole gradient step with torch.compile.
+    bf16: bool = False  # On pixels, run the encoders' convolutions in bfloat16.
+    track: bool = False  # Also log to Weights & Biases.
+    wandb_project_name: str = "cleanmisl"  # The W&B project, with --track.
+    wandb_entity: Optional[str] = None  # The W&B team, with --track.
+    capture_video: bool = False  # At each evaluation, write an MP4 of up to four skills side by side.
+    num_eval_skills: int = 48  # Deterministic evaluation rollouts, one fresh skill each.
+    normalized_cumulant: bool = False  # Regress ψ on ê(s) instead of the official φ(s).
+    gamma: float = 0.99  # Discount of the successor features.
+    tau: float = 0.005  # Polyak step of the target ψ networks.
+    lr: float = 1e-4  # Adam learning rate of φ, ψ, π and log α.
+    alpha_init: float = 0.01  # Initial entropy temperature α, tuned towards the entropy -|A|/2.
 
 
-# Every numeric flag and the values that mean something ("[" closed end, "(" open end); NaN is never inside.
+# The values each numeric flag may take ("[": closed end, "(": open end); NaN never.
 FLAG_RANGES = {
     "skill_dim": "[1, inf)", "seed": "[0, 2147483647]", "total_env_steps": "[1, inf)", "num_envs": "[1, inf)",
     "grad_steps_per_epoch": "[0, inf)", "learning_starts": "[0, inf)", "batch_size": "[1, inf)",
     "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)", "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)",
-    "num_eval_skills": "[1, inf)", "gamma": "[0, 1)", "tau": "(0, 1]", "lr": "(0, inf)", "alpha_init": "(0, inf)",
-}
-# What --resume may change: neither the learning problem nor the random streams depend on these.
-RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
-                     "buffer_on_device", "track", "wandb_project_name", "wandb_entity", "capture_video", "compile",
-                     "cudagraphs", "bf16")
+    "num_eval_skills": "[1, inf)", "gamma": "[0, 1)", "tau": "(0, 1]", "lr": "(0, inf)", "alpha_init": "(0, inf)"}
+# What --resume may change: neither learning nor the random streams depend on these.
+RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs", "compile",
+                     "buffer_on_device", "cudagraphs", "bf16", "track", "wandb_project_name", "wandb_entity",
+                     "capture_video")
 
 
-# ======================================================================================================================
-# THE ALGORITHM
-# ======================================================================================================================
-
-# ---------------------------------------------------------------- the losses (paper App. A.5; Hansen et al., Eq. 9)
 def sample_skills(n, skill_dim, generator=None):
-    """z ~ p(z) = Unif(S^{d-1}): a standard normal draw scaled to unit length, as the official
-    iod/metra.py: METRA._get_train_trajectories_kwargs draws it (unit_length)."""
+    """z ~ p(z) = Unif(S^{d-1}): a standard normal draw scaled to unit length, as the official code's."""
     z = torch.randn(n, skill_dim, generator=generator)
     return z / z.norm(dim=-1, keepdim=True)
 
 
 def vmf_score(phi_s, skill):
-    """ê(s)ᵀz, ê(s) = φ(s)/‖φ(s)‖: log q(z|s) of the vMF discriminator (κ = 1) up to a constant   (Hansen et al.,
-    Eq. 9; the official --self_normalizing 1)"""
+    """ê(s)ᵀz = log q(z|s) of the vMF discriminator up to a constant (the official --self_normalizing 1)."""
     return (F.normalize(phi_s, dim=-1) * skill).sum(-1)
 
 
 def visr_phi_loss(phi_s, skill):
-    """L(φ) = -E[ê(s)ᵀz], the negative reverse variational lower bound up to constants   (paper App. A.5)
-
-    phi_s: (B, d) = φ(s) of the current states (the official --no_diff_in_rep 1: not φ(s') - φ(s)). No negatives, no
-    λ. Returns the loss and the batch mean of ê(s)ᵀz, which climbs towards 1 as the discriminator learns."""
+    """L(φ) = -E[ê(s)ᵀz] on the current states (the official --no_diff_in_rep 1), and the mean ê(s)ᵀz."""
     score = vmf_score(phi_s, skill)
     return -score.mean(), score.mean()
 
 
 def successor_feature_target(cumulant, next_psi, skill, gamma):
-    """ψ̂ = c(s) + γ ψ̄_k(s', a', z), k = argmin_k ψ̄_k(s', a', z)ᵀz per sample   (as CSF's, paper §5.2)
-
-    The cumulant c(s) is φ(s) (official) or ê(s) (--normalized-cumulant); next_psi: (critics, B, d), every target
-    net's ψ̄(s', a', z). The whole vector of the target net with the smaller value ψ̄ᵀz (not an elementwise min), no
-    entropy term, never terminal (the 200-step time limit is not an end of the task), as the official
-    iod/metra_sf.py: _update_loss_sf_td builds it.
-    """
-    smaller = (next_psi * skill).sum(-1).argmin(0)  # (B,): which target net has the smaller ψ̄ᵀz
+    """ψ̂ = c(s) + γ ψ̄_k(s', a', z), k = argmin_k ψ̄_kᵀz per sample, never terminal (next_psi: (critics, B, d))."""
+    smaller = (next_psi * skill).sum(-1).argmin(0)
     return cumulant + gamma * next_psi[smaller, torch.arange(len(skill), device=skill.device)]
 
 
-def temperature_loss(log_alpha, log_prob, target_entropy):
-    """L(α) = -E[log α (log π(a|s, z) + H̄)]: α grows while the entropy -log π is below H̄ = -|A|/2, the official
-    iod/sac_utils.py's target, half the usual -|A|."""
-    return -(log_alpha * (log_prob + target_entropy)).mean()
-
-
-# ---------------------------------------------------------------- the losses of one gradient step
-def phi_objective(phi, obs, skill):
-    """The φ step's loss: the negative vMF score of the current states, and the mean score."""
-    return visr_phi_loss(phi(obs), skill)
-
-
 def psi_objective(psi, psi_target, phi, actor, obs, action, next_obs, skill, args):
-    """L(ψ) = Σ_k E[(ψ_k(s, a, z) - (c(s) + γ ψ̄(s', a', z)))²], a' ~ π(·|s', z), c(s) = φ(s) or ê(s)
-
-    This is where the reward φ(s)ᵀz lives: ψ regresses the vector φ(s), and Q = ψᵀz, so the reward is never computed
-    as a scalar. The twin critics ψ_k share the target, from the twin targets ψ̄_k."""
+    """L(ψ) = Σ_k mean over the batch and the d components of (ψ_k(s, a, z) - ψ̂)², c(s) from the φ just updated."""
     with torch.no_grad():
         next_action, _ = actor.sample(next_obs, skill)
-        cumulant = phi(obs)  # from the φ just updated
-        if args.normalized_cumulant:  # the discriminator's own score ê(s)ᵀz as the reward
-            cumulant = F.normalize(cumulant, dim=-1)
+        cumulant = F.normalize(phi(obs), dim=-1) if args.normalized_cumulant else phi(obs)
         next_psi = torch.stack([net(next_obs, skill, next_action) for net in psi_target])
         target = successor_feature_target(cumulant, next_psi, skill, args.gamma)
     return sum(F.mse_loss(net(obs, skill, action), target) for net in psi)
 
 
 def actor_objective(actor, psi, obs, skill, alpha):
-    """L(π) = E[α log π(a|s,z) - min_k ψ_k(s, a, z)ᵀz], a ~ π(·|s, z)   (as CSF's, plus the SAC entropy)"""
+    """L(π) = E[α log π(a|s, z) - min_k ψ_k(s, a, z)ᵀz], a ~ π(·|s, z), as CSF's."""
     new_action, log_prob = actor.sample(obs, skill)
     q = torch.stack([(net(obs, skill, new_action) * skill).sum(-1) for net in psi]).amin(0)
     return (alpha * log_prob - q).mean(), log_prob
 
 
-# ---------------------------------------------------------------- the networks (official run/train.py)
 def mlp(in_dim, hidden_dim, out_dim, activation, init):
-    """Linear → act → Linear → act → Linear, zero biases."""
+    """Linear → act → Linear → act → Linear, zero biases, as the official run/train.py's."""
     net = nn.Sequential(nn.Linear(in_dim, hidden_dim), activation(), nn.Linear(hidden_dim, hidden_dim),
                         activation(), nn.Linear(hidden_dim, out_dim))
     for layer in net:
@@ -250,13 +156,11 @@ def mlp(in_dim, hidden_dim, out_dim, activation, init):
 
 
 class Phi(nn.Module):
-    """φ(s) ∈ R^d, the state representation whose direction ê(s) the discriminator scores (ReLU MLP,
-    Xavier-uniform; the official code's "trajectory encoder")."""
+    """φ(s) ∈ R^d (ReLU, Xavier-uniform); each network has its own pixel encoder, as the official ones."""
 
-    def __init__(self, observation_space, skill_dim, hidden_dim):
+    def __init__(self, space, skill_dim, hidden_dim):
         super().__init__()
-        # every network owns its encoder, as in the official garagei/torch/modules/with_encoder.py
-        self.encoder, features = envs.make_encoder(observation_space)
+        self.encoder, features = envs.make_encoder(space)
         self.net = mlp(features, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_)
 
     def forward(self, obs):
@@ -264,27 +168,25 @@ class Phi(nn.Module):
 
 
 class SuccessorFeatures(nn.Module):
-    """ψ(s, a, z) ∈ R^d: the discounted sum of future cumulants φ(s) under π(·|·, z); Q(s, a, z) = ψ(s, a, z)ᵀz."""
+    """ψ(s, a, z) ∈ R^d, the discounted sum of future cumulants (ReLU, Xavier-normal)."""
 
-    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
+    def __init__(self, space, action_dim, skill_dim, hidden_dim):
         super().__init__()
-        self.encoder, features = envs.make_encoder(observation_space)
+        self.encoder, features = envs.make_encoder(space)
         self.net = mlp(features + skill_dim + action_dim, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_normal_)
 
     def forward(self, obs, skill, action):
         return self.net(torch.cat([self.encoder(obs), skill, action], -1))
 
+
 class Actor(nn.Module):
-    """π(a | s, z): tanh-squashed Gaussian on a tanh trunk, output layers initialised 10x smaller."""
+    """π(a | s, z): a tanh-squashed Gaussian on a tanh trunk, its heads initialised 10x smaller."""
 
-    LOG_STD_MIN, LOG_STD_MAX = math.log(1e-6), 2.0
-
-    def __init__(self, observation_space, action_dim, skill_dim, hidden_dim):
+    def __init__(self, space, action_dim, skill_dim, hidden_dim):
         super().__init__()
-        self.encoder, features = envs.make_encoder(observation_space)
+        self.encoder, features = envs.make_encoder(space)
         self.trunk = mlp(features + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
-        self.mean = nn.Linear(hidden_dim, action_dim)
-        self.log_std = nn.Linear(hidden_dim, action_dim)
+        self.mean, self.log_std = nn.Linear(hidden_dim, action_dim), nn.Linear(hidden_dim, action_dim)
         for head in (self.mean, self.log_std):
             nn.init.xavier_normal_(head.weight)
             head.weight.data.mul_(0.1)
@@ -292,14 +194,12 @@ class Actor(nn.Module):
 
     def forward(self, obs, skill):
         h = self.trunk(torch.cat([self.encoder(obs), skill], -1))
-        return self.mean(h), self.log_std(h).clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
+        return self.mean(h), self.log_std(h).clamp(math.log(1e-6), 2.0)
 
-    def sample(self, obs, skill):
-        """A reparameterized action and its log-probability, with the tanh correction."""
+    def sample(self, obs, skill):  # a reparameterized action, its log-probability with the tanh correction
         mean, log_std = self(obs, skill)
-        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaNs are caught per epoch
-        u = normal.rsample()
-        action = torch.tanh(u)
+        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaN: caught per epoch
+        action = torch.tanh(u := normal.rsample())
         log_prob = normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
         return action, log_prob
 
@@ -309,7 +209,7 @@ class Actor(nn.Module):
 
 @contextlib.contextmanager
 def frozen(modules):
-    """No gradient into these modules' weights while the block runs; one still flows through them to their inputs."""
+    """No gradient into these modules' weights in the block; one flows through them to their inputs."""
     for module in modules:
         module.requires_grad_(False)
     try:
@@ -319,61 +219,34 @@ def frozen(modules):
             module.requires_grad_(True)
 
 
-# ---------------------------------------------------------------- the replay buffer
-def to_device(array, device):
-    """A host array as a tensor on `device`; to a GPU through pinned memory, without waiting for the copy."""
-    tensor = torch.from_numpy(array)
-    return tensor.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else tensor
-
-
-def stack_frames(frames):
-    """(B, k, *frame_shape) frames, oldest first → (B, *obs_shape): the frames along the last axis, as the env
-    stacks them (a state vector, k = 1, is its one frame)."""
-    return frames.movedim(1, -2).flatten(-2).contiguous()
-
-
 class ReplayBuffer:
-    """A ring of whole trajectories; transitions (s, a, s', z) are sampled uniformly, with replacement, as from the
-    official garagei/replay_buffer/path_buffer_ex.py.
+    """A ring of whole trajectories sampled uniformly with replacement (the official path_buffer_ex.py), each pixel
+    frame stored once; numpy arrays on the host, or tensors on `device`."""
 
-    Observations are stored once per time step (s'_t is s_{t+1}), and of a stacked pixel observation only its
-    newest frame, as uint8: the stack is rebuilt by index, oldest frame first, the first frame repeated at
-    the start of a trajectory, as the env built it. A 300k-transition pixel buffer then takes 3.7 GB instead
-    of the official 22 GB (obs and next_obs, all 3 frames each). The capacity is rounded down to whole
-    trajectories.
-    """
-
-    def __init__(self, capacity, horizon, observation_space, frame_stack, action_dim, skill_dim, rng, device=None):
-        """device: where the storage lives and the training batches are drawn (--buffer-on-device); None keeps the
-        storage in host memory as numpy arrays, whose gather is several times faster than torch's on a CPU."""
-        frame_shape = observation_space.shape[:-1] + (observation_space.shape[-1] // frame_stack,)
-        num_trajectories = capacity // horizon
-        self.horizon, self.frame_stack, self.rng, self.device = horizon, frame_stack, rng, device
-        self.frames = self.zeros((num_trajectories, horizon + 1, *frame_shape), observation_space.dtype)
-        self.actions = self.zeros((num_trajectories, horizon, action_dim), np.float32)
-        self.skills = self.zeros((num_trajectories, skill_dim), np.float32)
+    def __init__(self, capacity, horizon, space, frame_stack, action_dim, skill_dim, rng, device=None):
+        frame_shape = space.shape[:-1] + (space.shape[-1] // frame_stack,)
+        n = capacity // horizon  # whole trajectories
+        self.horizon, self.frame_stack, self.rng, self.device, self.pos, self.num_stored = \
+            horizon, frame_stack, rng, device, 0, 0  # pos, num_stored: in trajectories
+        self.frames = self.zeros((n, horizon + 1, *frame_shape), space.dtype)
+        self.actions = self.zeros((n, horizon, action_dim), np.float32)
+        self.skills = self.zeros((n, skill_dim), np.float32)
         self.frame_offsets = self.to_storage(np.arange(1 - frame_stack, 2))  # frames t-k+1..t+1 of a transition at t
-        # the training draws on the device have their own generator, seeded from the replay stream
         self.generator = None if device is None else torch.Generator(device).manual_seed(int(rng.integers(2**62)))
-        self.pos, self.num_stored = 0, 0  # in trajectories
 
     def zeros(self, shape, dtype):
-        dtype = np.dtype(dtype)
-        return np.zeros(shape, dtype) if self.device is None else torch.zeros(shape, dtype=getattr(torch, dtype.name),
-                                                                              device=self.device)
+        return np.zeros(shape, dtype) if self.device is None else torch.zeros(
+            shape, dtype=getattr(torch, np.dtype(dtype).name), device=self.device)
 
-    def to_storage(self, array, like=None):
-        """A host array as the storage holds it: itself, or a tensor on the buffer's device (in `like`'s dtype)."""
-        if self.device is None:
-            return array
-        return torch.as_tensor(array, dtype=None if like is None else like.dtype, device=self.device)
+    def to_storage(self, array, like=None):  # in `like`'s dtype
+        return array if self.device is None else torch.as_tensor(
+            array, dtype=None if like is None else like.dtype, device=self.device)
 
     @property
     def size(self):  # stored transitions
         return self.num_stored * self.horizon
 
-    def add(self, observations, actions, skills):
-        """observations: (n, horizon + 1, *obs_shape) with the final one; actions: (n, horizon, |A|); skills: (n, d)."""
+    def add(self, observations, actions, skills):  # (n, horizon + 1, *obs_shape), (n, horizon, |A|), (n, d)
         n, capacity = len(observations), len(self.frames)
         idx = self.to_storage((self.pos + np.arange(n)) % capacity)
         self.frames[idx] = self.to_storage(observations[..., -self.frames.shape[-1]:], self.frames)  # newest frames
@@ -381,383 +254,268 @@ class ReplayBuffer:
         self.skills[idx] = self.to_storage(skills, self.skills)
         self.pos, self.num_stored = (self.pos + n) % capacity, min(self.num_stored + n, capacity)
 
-    def gather(self, batch_size, rng=None):
-        """The host's part of a minibatch of transitions, uniform (with replacement): whole frames only, those of s
-        and s' in one (B, k + 1) block, so the copy runs at memcpy speed; stacking them is left to the device.
-        A training batch of a buffer on the device is drawn there; `rng` (evaluation's) draws on the host."""
+    def gather(self, batch_size, rng=None):  # (B, k + 1) frames of s and s'; `rng`: drawn on the host
         if self.device is None or rng is not None:
             i = self.to_storage((rng or self.rng).integers(0, self.size, batch_size))
         else:
             i = torch.randint(0, self.size, (batch_size,), generator=self.generator, device=self.device)
         trajectory, t = i // self.horizon, i % self.horizon
-        steps = (t[:, None] + self.frame_offsets).clip(min=0)  # frames t-k+1..t+1, the first repeated before t = 0
+        steps = (t[:, None] + self.frame_offsets).clip(min=0)  # the first frame repeated before t = 0
         return {"frames": self.frames[trajectory[:, None], steps], "action": self.actions[trajectory, t],
                 "skill": self.skills[trajectory]}
 
-    def sample(self, batch_size, device, rng=None):
-        """A minibatch on `device`: each field copied there once (pinned, without waiting, on a GPU), and the stacks
-        of s (frames 0..k-1) and s' (frames 1..k) built there, where reordering bytes is cheap. A buffer on the
-        device copies nothing."""
+    def sample(self, batch_size, device, rng=None):  # copied pinned, without waiting; stacked on `device`
         batch = self.gather(batch_size, rng)
         if self.device is None:
-            batch = {key: to_device(value, device) for key, value in batch.items()}
+            batch = {key: torch.from_numpy(value) for key, value in batch.items()}
+            if torch.device(device).type == "cuda":
+                batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
         frames = batch.pop("frames")
-        return {"obs": stack_frames(frames[:, :-1]), "next_obs": stack_frames(frames[:, 1:]), **batch}
+        return {"obs": frames[:, :-1].movedim(1, -2).flatten(-2).contiguous(),
+                "next_obs": frames[:, 1:].movedim(1, -2).flatten(-2).contiguous(), **batch}
 
-    def state_dict(self):
+    def state_dict(self):  # tensors: torch.save copies a pickled array
         n = self.num_stored
-        # Tensors over the arrays, not copies: torch.save writes them as they are, while a pickled numpy array
-        # is copied several times over in memory on its way to disk (a pixel buffer's 1-3 GB, 4-5 times).
-        # On the device, the arrays are copied to the host first, so that any machine can resume the run.
         return {"pos": self.pos, "num_stored": n, "frames": torch.as_tensor(self.frames[:n]).cpu(),
                 "actions": torch.as_tensor(self.actions[:n]).cpu(), "skills": torch.as_tensor(self.skills[:n]).cpu(),
                 "generator": None if self.generator is None else self.generator.get_state()}
 
     def load_state_dict(self, state):
         self.pos, self.num_stored = state["pos"], state["num_stored"]
-        n = self.num_stored
         for name in ("frames", "actions", "skills"):
-            getattr(self, name)[:n] = state[name] if self.device is None else state[name].to(self.device)
-        if self.generator is not None and state.get("generator") is not None:  # else: moved to the device at resume
+            getattr(self, name)[:self.num_stored] = state[name] if self.device is None else state[name].to(self.device)
+        if self.generator is not None and state.get("generator") is not None:  # None: a host buffer's
             self.generator.set_state(state["generator"])
 
 
-# ---------------------------------------------------------------- the training loop
 def main(args, ckpt=None):
-    """VISR epoch by epoch (the official iod/iod.py: IOD.train): evaluate every `eval_every` epochs (epoch 0
-    included); collect `num_envs` trajectories of the env's horizon, one skill z ~ p(z) each; then, once
-    `learning_starts` transitions are stored, take `grad_steps_per_epoch` gradient steps (`update`). `ckpt`: the
-    checkpoint to resume from (parse_args loads it)."""
+    """VISR epoch by epoch (the official iod/iod.py: IOD.train): evaluate; collect a trajectory per env, one skill
+    each; take gradient steps (`update`). Around it: checkpoints, logs and the NaN stop."""
     spec = envs.ENV_SPECS[args.env_id]
     steps_per_epoch = args.num_envs * spec.horizon
     num_epochs = args.total_env_steps // steps_per_epoch
-    run_name, run_dir, checkpoint_path, writer = start_run(args, ckpt)  # folder, Ctrl-C, W&B, TensorBoard
-
-    # ------------------------------------------------------------ seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)
+    run_name, run_dir, ckpt_path, writer = start_run(args, ckpt)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # replay sampling
-    eval_rng = np.random.default_rng(args.seed + 1)  # evaluation has its own streams, so it never changes training
+    eval_rng = np.random.default_rng(args.seed + 1)  # evaluation's own streams
     eval_generator = torch.Generator().manual_seed(args.seed + 1)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32 matmuls on the GPUs that have them
-
-    # ------------------------------------------------------------ envs
-    train_envs, eval_envs = make_envs(args)  # trajectories of exactly the horizon, never reset on their own
-    observation_space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
-    action_dim = train_envs.single_action_space.shape[0]
-    d = args.skill_dim
-    check_memory(args, observation_space, action_dim, spec.horizon, spec.frame_stack, device)
-
-    # ------------------------------------------------------------ networks, optimizers, replay buffer
-    phi = Phi(observation_space, d, args.hidden_dim).to(device)
-    psi = [SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim).to(device)
-           for _ in range(2)]  # twin critics, as SAC's
-    psi_target = [SuccessorFeatures(observation_space, action_dim, d, args.hidden_dim).to(device) for _ in psi]
+    torch.set_float32_matmul_precision("high" if device.type == "cuda" else "highest")  # TF32 on a GPU
+    try:  # never reset on their own: trajectories of the horizon
+        train_envs, eval_envs = envs.make_envs(
+            functools.partial(envs.make_env, args.env_id), args.num_envs, args.num_eval_skills, args.seed,
+            min(4, args.num_eval_skills) if args.capture_video else 0, args.parallel_envs)
+    except (envs.RenderUnavailable, MemoryError) as e:
+        error(e)
+    space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
+    action_dim, d = train_envs.single_action_space.shape[0], args.skill_dim
+    check_memory(args, space, action_dim, spec.horizon, spec.frame_stack, device)
+    phi = Phi(space, d, args.hidden_dim).to(device)
+    psi = [SuccessorFeatures(space, action_dim, d, args.hidden_dim).to(device) for _ in range(2)]  # twin critics
+    psi_target = [SuccessorFeatures(space, action_dim, d, args.hidden_dim).to(device) for _ in psi]
     for net, target in zip(psi, psi_target):
         target.load_state_dict(net.state_dict())
-    actor = Actor(observation_space, action_dim, d, args.hidden_dim).to(device)
+    actor = Actor(space, action_dim, d, args.hidden_dim).to(device)
     if args.bf16:
         envs.encoders_in_bf16(phi, *psi, *psi_target, actor)
     log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
-    target_entropy = -action_dim / 2  # H̄ = -|A|/2, the official code's (temperature_loss)
-    adam = adam_options(args, device)  # foreach Adam; fused under --cudagraphs alone
+    target_entropy = -action_dim / 2  # H̄ = -|A|/2, the official iod/sac_utils.py's
+    adam = adam_options(args, device)
     phi_optimizer = torch.optim.Adam(phi.parameters(), **adam)
     psi_params = [param for net in psi for param in net.parameters()]
     psi_target_params = [param for net in psi_target for param in net.parameters()]
-    psi_optimizer = torch.optim.Adam(psi_params, **adam)  # one optimizer for the twins, on the sum of their losses
+    psi_optimizer = torch.optim.Adam(psi_params, **adam)  # one for the twins, on the sum of their losses
     actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
     alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
-    rb = ReplayBuffer(args.buffer_size, spec.horizon, observation_space, spec.frame_stack, action_dim, d, rng,
+    rb = ReplayBuffer(args.buffer_size, spec.horizon, space, spec.frame_stack, action_dim, d, rng,
                       device if args.buffer_on_device else None)
+    modules = {"phi": phi, "psi1": psi[0], "psi2": psi[1], "psi1_target": psi_target[0], "psi2_target": psi_target[1],
+               "actor": actor, "phi_optimizer": phi_optimizer, "psi_optimizer": psi_optimizer,
+               "actor_optimizer": actor_optimizer, "alpha_optimizer": alpha_optimizer, "log_alpha": log_alpha}
+    streams = rng, eval_rng, eval_generator, train_envs, eval_envs
+    start_epoch, grad_steps, wall_time, window = (
+        restore_checkpoint(ckpt, args, run_dir, modules, rb, streams, device) if ckpt else (0, 0, 0.0, new_window()))
 
-    modules = {"phi": phi, **{f"psi{k}": net for k, net in enumerate(psi, 1)},  # the checkpoint's keys
-               **{f"psi{k}_target": net for k, net in enumerate(psi_target, 1)}, "actor": actor,
-               "phi_optimizer": phi_optimizer, "psi_optimizer": psi_optimizer, "actor_optimizer": actor_optimizer,
-               "alpha_optimizer": alpha_optimizer}
-    start_epoch, grad_steps, wall_time, since_eval = 0, 0, 0.0, new_window()
-    if ckpt:
-        start_epoch, grad_steps, wall_time, since_eval = restore_checkpoint(
-            ckpt, args, run_dir, modules, log_alpha, rb, rng, eval_rng, eval_generator,
-            (train_envs, eval_envs), device)
-
-    # ------------------------------------------------------------ one gradient step
-    def update(batch):
-        """One gradient step on one minibatch, in the official iod/metra_sf.py's order: φ on the vMF discriminator;
-        ψ on its TD target from the φ just updated, then the Polyak step of ψ̄; π on min_k ψ_kᵀz + α H(π); α towards
-        the entropy -|A|/2. Returns the step's stats by name, left on the device: nothing in a step waits for the
-        host."""
+    def update(batch):  # as the official iod/metra_sf.py; the stats by name, left on the device
         obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
-        with record_function("phi step"):  # on the vMF discriminator
-            phi_loss, score = phi_objective(phi, obs, skill)
+        with record_function("phi step"):
+            phi_loss, score = visr_phi_loss(phi(obs), skill)
             phi_optimizer.zero_grad()
             phi_loss.backward()
             phi_optimizer.step()
-        with record_function("psi step"):  # then the target networks: ψ̄ ← (1 - τ) ψ̄ + τ ψ, every tensor in one call
+        with record_function("psi step"):  # then ψ̄ ← (1 - τ) ψ̄ + τ ψ
             psi_loss = psi_objective(psi, psi_target, phi, actor, obs, action, next_obs, skill, args)
             psi_optimizer.zero_grad()
             psi_loss.backward()
             psi_optimizer.step()
             with torch.no_grad():
                 torch._foreach_lerp_(psi_target_params, psi_params, args.tau)
-        with record_function("actor step"), frozen(psi):  # the gradient flows through ψ to the action, not into ψ
+        with record_function("actor step"), frozen(psi):  # a gradient through ψ to the action, not into ψ
             alpha = log_alpha.exp().detach()
             actor_loss, log_prob = actor_objective(actor, psi, obs, skill, alpha)
             actor_optimizer.zero_grad()
             actor_loss.backward()
             actor_optimizer.step()
-        with record_function("alpha step"):  # towards the target entropy
-            alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
+        with record_function("alpha step"):  # L(α) = -E[log α (log π(a|s, z) + H̄)]
+            alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
             alpha_optimizer.zero_grad()
             alpha_loss.backward()
             alpha_optimizer.step()
         return {"phi_loss": phi_loss.detach(), "psi_loss": psi_loss.detach(), "actor_loss": actor_loss.detach(),
                 "alpha_loss": alpha_loss.detach(), "batch_score": score.detach(), "alpha": alpha}
 
-    update = fast_path(update, args, device)  # --compile, --cudagraphs; without them, `update` itself
-
-    # ------------------------------------------------------------ the loop: evaluate, collect, update
+    update = fast_path(update, args, device)  # --compile, --cudagraphs
     segment_start = time.time()
     for epoch in range(start_epoch, num_epochs + 1):
-        # evaluate and checkpoint at the start of the epoch: what the previous `epoch` epochs produced
         if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
-            evaluate(epoch, grad_steps, wall_time + time.time() - segment_start, window_stats(since_eval), args,
-                     actor, phi, rb, eval_envs, eval_rng, eval_generator, device, run_dir, writer)
-            since_eval = new_window()
+            evaluate(epoch, grad_steps, wall_time + time.time() - segment_start, window, args, modules, rb, streams,
+                     device, run_dir, writer)
+            window = new_window()
         if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
-            save_checkpoint(checkpoint_path, args, run_name, epoch, grad_steps, wall_time + time.time() - segment_start,
-                            since_eval, modules, log_alpha, rb, rng, eval_rng, eval_generator,
-                            (train_envs, eval_envs), device)
+            save_checkpoint(ckpt_path, args, run_name, epoch, grad_steps, wall_time + time.time() - segment_start,
+                            window, modules, rb, streams, device)
         if epoch == num_epochs:
             break
-
-        # collect one trajectory per env, one skill each, with the stochastic policy
-        skills = sample_skills(args.num_envs, d).to(device)
-        obs, _ = train_envs.reset()
-        observations, actions = [obs], []
+        skills = sample_skills(args.num_envs, d).to(device)  # collect a trajectory per env, one skill each
+        observations, actions = [train_envs.reset()[0]], []
         with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
-                action = finite(actor.sample(torch.as_tensor(obs, device=device), skills)[0], epoch)
+                action = finite(actor.sample(torch.as_tensor(observations[-1], device=device), skills)[0], epoch)
                 obs, _, terminated, truncated, _ = train_envs.step(action)
-                # never terminal, cut by the time limit exactly at the horizon: the buffer's trajectory layout
+                # never terminal, cut at the horizon: the buffer's layout
                 assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)
-                observations.append(obs)  # after the last step, the final observation; reset() starts the next epoch
+                observations.append(obs)  # after the last step, the final observation
                 actions.append(action)
         rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
-        since_eval["env_steps"] += steps_per_epoch
+        window["env_steps"] += steps_per_epoch
         env_steps = (epoch + 1) * steps_per_epoch
+        train_start, step_stats = time.time(), []  # gradient steps, each on its own minibatch
+        for _ in range(args.grad_steps_per_epoch if rb.size >= args.learning_starts else 0):
+            with record_function("sampling"):
+                batch = rb.sample(args.batch_size, device)
+            step_stats.append(update(batch))
+        sps = (epoch + 1 - start_epoch) * steps_per_epoch / (time.time() - segment_start)  # evaluations included
+        log_epoch(window, step_stats, time.time() - train_start, epoch, grad_steps, env_steps, sps, writer, args,
+                  ckpt_path)  # ends the run at a NaN loss
+        grad_steps += len(step_stats)
 
-        # update: gradient steps, each on its own minibatch
-        if rb.size >= args.learning_starts and args.grad_steps_per_epoch > 0:
-            train_start, step_stats = time.time(), []
-            for _ in range(args.grad_steps_per_epoch):
-                with record_function("sampling"):
-                    batch = rb.sample(args.batch_size, device)
-                step_stats.append(update(batch))
-            names, per_step = stack_stats(step_stats)  # (steps, stats)
-            stop_at_a_non_finite_loss(names, per_step, grad_steps, epoch, resume_hint(checkpoint_path))
-            grad_steps += args.grad_steps_per_epoch
-            record_epoch(since_eval, dict(zip(names, per_step.mean(0))), args.grad_steps_per_epoch,
-                         time.time() - train_start, writer, env_steps)
-        log_epoch(writer, epoch, env_steps, grad_steps, (epoch + 1 - start_epoch) * steps_per_epoch,
-                  time.time() - segment_start, since_eval, args.total_env_steps)
-
-    finish_run(args, run_dir, writer, train_envs, eval_envs)
+    train_envs.close()
+    eval_envs.close()
+    writer.close()
+    if args.track:
+        import wandb
+        wandb.finish()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    print(f"done: {run_dir}")
 
 
-# ======================================================================================================================
-# INFRASTRUCTURE: what main calls around the algorithm (the command line, start-up, checkpoints, evaluation, logging)
-# ======================================================================================================================
-
-# ---------------------------------------------------------------- the command line
+# INFRASTRUCTURE: the command line, start-up, fast path, checkpoints, evaluation, logging
 def parse_args(argv=None):
-    """The command line, every unset flag given the paper's value for the env, every value checked (one line on
-    failure). With --resume, the flags the run was started with; a flag given beside it may change only what
-    RESUME_MAY_CHANGE names. Returns the args and the checkpoint (None for a new run)."""
+    """The flags (unset: the paper's for the env; --resume: the run's but RESUME_MAY_CHANGE's) and the checkpoint."""
     args, ckpt = tyro.cli(Args, args=argv), None
     if args.resume:
-        ckpt = load_checkpoint(args.resume)
+        try:
+            ckpt = torch.load(args.resume, map_location="cpu", weights_only=False)
+        except Exception as e:  # noqa: BLE001
+            error(f"{args.resume} is not a readable checkpoint ({type(e).__name__})" if os.path.isfile(args.resume)
+                  else f"no checkpoint file at {args.resume}")
+        if not isinstance(ckpt, dict) or "agent" not in ckpt:
+            error(f"{args.resume} is not a cleanmisl checkpoint")
+        if ckpt["agent"] != AGENT:
+            error(f"{args.resume} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
+        if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
+            error(f"{args.resume} was written by another version of {AGENT}.py")
         args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
         for flag, trained in ckpt["args"].items():
             if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
                 error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
-    if args.env_id not in envs.ENV_SPECS:
-        error(f"unknown --env-id {args.env_id!r}; choose one of {', '.join(envs.ENV_SPECS)}")
-    spec = envs.ENV_SPECS[args.env_id]
-    for flag, paper_value in env_defaults(args.env_id).items():
-        if getattr(args, flag) is None:
-            setattr(args, flag, paper_value)
-    if args.checkpoint_every is None:
-        args.checkpoint_every = args.eval_every
+    for flag, value in env_defaults(args.env_id).items():
+        setattr(args, flag, value if getattr(args, flag) is None else getattr(args, flag))
+    args.checkpoint_every = args.eval_every if args.checkpoint_every is None else args.checkpoint_every
     for flag, interval in FLAG_RANGES.items():
-        if not in_range(getattr(args, flag), interval):
-            error(f"--{flag.replace('_', '-')} must be in {interval}, got {getattr(args, flag)}")
-    steps_per_epoch = args.num_envs * spec.horizon
-    if args.buffer_size < steps_per_epoch:
-        error(f"--buffer-size must hold one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} transitions), "
-              f"got {args.buffer_size}")
-    if args.total_env_steps < steps_per_epoch:
-        error(f"--total-env-steps must cover one epoch (--num-envs × {spec.horizon} = {steps_per_epoch} env steps), "
-              f"got {args.total_env_steps}")
-    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps,
-                                                                args.buffer_size // spec.horizon * spec.horizon):
+        low, high, value = *(float(end) for end in interval[1:-1].split(",")), getattr(args, flag)
+        if not ((low <= value if interval[0] == "[" else low < value)  # both False for NaN
+                and (value <= high if interval[-1] == "]" else value < high)):
+            error(f"--{flag.replace('_', '-')} must be in {interval}, got {value}")
+    horizon = envs.ENV_SPECS[args.env_id].horizon
+    epoch = args.num_envs * horizon  # env steps and transitions
+    for flag, verb, unit in (("buffer_size", "hold", "transitions"), ("total_env_steps", "cover", "env steps")):
+        if getattr(args, flag) < epoch:
+            error(f"--{flag.replace('_', '-')} must {verb} one epoch (--num-envs × {horizon} = {epoch} {unit}), got "
+                  f"{getattr(args, flag)}")
+    stored = min(args.total_env_steps, args.buffer_size // horizon * horizon)  # the most the buffer will hold
+    if args.grad_steps_per_epoch and args.learning_starts > stored:
         error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
               f"got {args.learning_starts}")
-    if ckpt and args.total_env_steps // steps_per_epoch <= ckpt["epoch"]:
-        error(f"{args.resume} has already trained for {ckpt['epoch'] * steps_per_epoch} env steps; "
-              f"give a larger --total-env-steps to continue it")
+    if ckpt and args.total_env_steps // epoch <= ckpt["epoch"]:
+        error(f"{args.resume} has already trained for {ckpt['epoch'] * epoch} env steps; give a larger "
+              f"--total-env-steps to continue it")
     return args, ckpt
 
 
 def env_defaults(env_id):
-    """The paper's value of each flag whose default depends on the env (--checkpoint-every follows --eval-every)."""
-    spec = envs.ENV_SPECS[env_id]
-    return {"skill_dim": SKILL_DIMS[env_id], "total_env_steps": spec.total_env_steps, "num_envs": spec.num_envs,
-            "grad_steps_per_epoch": spec.grad_steps_per_epoch, "buffer_size": spec.buffer_size,
-            "eval_every": spec.eval_every}
+    """The paper's value of each flag whose default depends on the env."""
+    flags = ("total_env_steps", "num_envs", "grad_steps_per_epoch", "buffer_size", "eval_every")
+    return {"skill_dim": SKILL_DIMS[env_id], **{flag: getattr(envs.ENV_SPECS[env_id], flag) for flag in flags}}
 
 
-def in_range(value, interval):
-    """Whether `value` lies in an interval written like "[0, 1)" or "(0, inf)"."""
-    low, high = (float(end) for end in interval[1:-1].split(","))
-    above = low <= value if interval[0] == "[" else low < value
-    below = value <= high if interval[-1] == "]" else value < high
-    return above and below  # both False for NaN
-
-
-def load_checkpoint(path):
-    """The checkpoint at `path`, if it is one of this agent's; one line on failure."""
-    if not os.path.isfile(path):
-        error(f"no checkpoint file at {path}")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        error(f"{path} is not a readable checkpoint ({type(e).__name__})")
-    if not isinstance(ckpt, dict) or "agent" not in ckpt:
-        error(f"{path} is not a cleanmisl checkpoint")
-    if ckpt["agent"] != AGENT:
-        error(f"{path} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
-    if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
-        error(f"{path} was written by another version of {AGENT}.py")
-    return ckpt
-
-
-# ---------------------------------------------------------------- start-up
 def start_run(args, ckpt):
-    """The run's folder (a resumed run goes on in its checkpoint's, whatever the working directory), Ctrl-C as one
-    line naming the checkpoint to resume from, W&B with --track, TensorBoard, and one line with the values of the
-    flags that depend on the env. Returns the run's name, folder, checkpoint path and TensorBoard writer."""
+    """The run's name, folder, checkpoint path and TensorBoard writer; W&B, Ctrl-C as one line, the env's flags."""
     run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
     run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-    signal.signal(signal.SIGINT, lambda *_: error(f"interrupted; {resume_hint(checkpoint_path)}"))  # writes are atomic
+    ckpt_path = os.path.join(run_dir, "checkpoint.pt")
+    signal.signal(signal.SIGINT, lambda *_: error("interrupted", ckpt_path))  # every write is atomic
     if args.track:
         import wandb
-
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
-    # TensorBoard writes from a thread: a failed write (a full disk) is raised again at the next add_scalar, and
-    # ends the run with one line there; its thread stays quiet
+    # a failed write in TensorBoard's thread comes back at the next add_scalar, as one line
     threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
     writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters",
-                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    spec = envs.ENV_SPECS[args.env_id]
-    print(f"{args.env_id} (horizon {spec.horizon}): "
-          + ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}"
-                      for flag in (*env_defaults(args.env_id), "checkpoint_every"))
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|" + "".join(f"\n|{k}|{v}|" for k, v in vars(args).items()))
+    flags = (*env_defaults(args.env_id), "checkpoint_every")
+    print(f"{args.env_id} (horizon {envs.ENV_SPECS[args.env_id].horizon}): "
+          + ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}" for flag in flags)
           + (" (the run's own)" if ckpt else " (a flag not given takes the paper's value for the env)"), flush=True)
-    return run_name, run_dir, checkpoint_path, writer
+    return run_name, run_dir, ckpt_path, writer
 
 
-def num_video_skills(args):
-    """How many evaluation rollouts the --capture-video video shows side by side (0 without it)."""
-    return min(NUM_VIDEO_SKILLS, args.num_eval_skills) if args.capture_video else 0
-
-
-def make_envs(args):
-    """The training envs (one trajectory each per epoch) and the evaluation envs (one rollout each), seeded, in
-    worker processes unless --no-parallel-envs.
-
-    Every trajectory is started by an explicit reset() and ends at the horizon; with autoreset DISABLED the vector
-    env never resets on its own, so the observation after the last step is the final one (never a reset one). A
-    pixel world that cannot render ends the run with one line."""
-    try:  # a pixel world makes its render context at its first frame: the first reset
-        train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
-                                               args.num_eval_skills, args.seed, num_video_skills(args),
-                                               args.parallel_envs)
-    except (envs.RenderUnavailable, MemoryError) as e:  # a world that cannot render; envs that cannot fit
-        error(e)
-    return train_envs, eval_envs
-
-
-def free_memory(device):
-    """Bytes of memory free now: the GPU's, or the host's (MemAvailable); inf where it cannot be read."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return math.inf
-
-
-def check_memory(args, observation_space, action_dim, horizon, frame_stack, device):
-    """Refuse, before anything is allocated, a run that cannot fit in the memory free now, with what it needs.
-    Lower bounds: the replay buffer in host memory (with --buffer-on-device, on the device); on the device, the
-    hidden-by-hidden weights of φ, ψ1, ψ2 and π with their gradients and Adam's two moments plus ψ's two targets,
-    and one batch of float observations and 8 hidden activations per transition."""
-    frame_bytes = math.prod(observation_space.shape) // frame_stack * observation_space.dtype.itemsize
-    trajectories = args.buffer_size // horizon
-    host = {"the replay buffer (--buffer-size)":
-            trajectories * ((horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim))}
+def check_memory(args, space, action_dim, horizon, frame_stack, device):
+    """One line, before allocating, if lower bounds of the buffer, networks and a batch exceed the free memory."""
+    frame_bytes = math.prod(space.shape) // frame_stack * space.dtype.itemsize
+    trajectory_bytes = (horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim)
+    host = {"the replay buffer (--buffer-size)": args.buffer_size // horizon * trajectory_bytes}
     on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2),
-                 "one batch (--batch-size)": 4 * args.batch_size * (2 * math.prod(observation_space.shape)
-                                                                    + 8 * args.hidden_dim)}
+                 "one batch (--batch-size)": 4 * args.batch_size * (2 * math.prod(space.shape) + 8 * args.hidden_dim)}
     if args.buffer_on_device:
         host, on_device = {}, {**host, **on_device}
     places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
     for place, parts in places.items():
-        free = free_memory(device if place == "GPU" else torch.device("cpu"))
+        free = torch.cuda.mem_get_info(device)[0] if place == "GPU" else envs.free_host_memory()
         if sum(parts.values()) > free:
-            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: "
-                  + ", ".join(f"{name} {size / 2**30:,.1f}" for name, size in parts.items())
-                  + f"; {free / 2**30:,.1f} GiB is free")
+            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: " + ", ".join(
+                f"{name} {size / 2**30:,.1f}" for name, size in parts.items()) + f"; {free / 2**30:,.1f} GiB is free")
 
 
 def adam_options(args, device):
-    """Eager: foreach Adam, the per-tensor loop's numbers bit for bit in fewer calls. --compile: the same foreach Adam,
-    which torch.compile traces and fuses. --cudagraphs alone: fused Adam, one kernel per optimizer step. Under a CUDA
-    graph, capturable (the step counts on the GPU, so that each replay advances them)."""
-    fused = args.cudagraphs and not args.compile
-    capturable = args.cudagraphs and device.type == "cuda"
+    """foreach Adam (torch.compile fuses it); fused under --cudagraphs alone; capturable under a CUDA graph."""
+    fused, capturable = args.cudagraphs and not args.compile, args.cudagraphs and device.type == "cuda"
     return {"lr": args.lr, "fused": fused, "foreach": not fused, "capturable": capturable}
 
 
 def fast_path(update, args, device):
-    """The gradient step that --compile and --cudagraphs ask for: torch.compile'd as one function, and on a GPU
-    replayed as one CUDA graph. On a CPU, --compile keeps eager's random draws, so that only the float rounding
-    differs (the equality test); on a GPU, inductor's own, fused into the kernels."""
+    """The gradient step compiled as one function (on a CPU with eager's random draws), on a GPU one CUDA graph."""
     if args.compile:
         torch._inductor.config.fallback_random = device.type == "cpu"
         update = torch.compile(update)
     if args.cudagraphs and device.type != "cuda":
         print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them", flush=True)
-    elif args.cudagraphs:
-        update = CudaGraphStep(update)
-    return update
+    return CudaGraphStep(update) if args.cudagraphs and device.type == "cuda" else update
 
 
 class CudaGraphStep:
-    """A gradient step `step(batch) -> stats` replayed as one CUDA graph (--cudagraphs).
-
-    The first WARMUP calls run the step as it is, on a side stream as capture requires (they are real steps; they
-    also compile it under --compile). The next call records the step on a static copy of the batch, and from then on
-    every call copies its batch there and replays the graph: one launch for all of the step's kernels, the random
-    draws included. The stats are copied out of the graph's memory, which the next replay overwrites."""
+    """`step(batch) -> stats` as a CUDA graph: WARMUP steps on a side stream, then one recorded, then replays."""
 
     WARMUP = 3
 
@@ -766,8 +524,7 @@ class CudaGraphStep:
 
     def __call__(self, batch):
         if self.calls < self.WARMUP:
-            self.calls += 1
-            side = torch.cuda.Stream()
+            self.calls, side = self.calls + 1, torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")
@@ -784,326 +541,199 @@ class CudaGraphStep:
         return {name: value.clone() for name, value in self.stats.items()}
 
 
-# ---------------------------------------------------------------- checkpoints
-def restore_checkpoint(ckpt, args, run_dir, modules, log_alpha, rb, rng, eval_rng, eval_generator, vector_envs, device):
-    """Put a checkpoint's state back: every network and optimizer (with the Adam the speed flags ask for now, not the
-    saved one), log α, the replay buffer, every RNG stream and the envs'. Drops the evaluations logged after it
-    (the run redoes them). Returns (epoch, gradient steps, wall time, the window since the last evaluation).
-    The state of another version of this script ends the run with one line."""
+def save_checkpoint(path, args, run_name, epoch, grad_steps, wall_time, window, modules, rb, streams, device):
+    """Everything a resumed run needs, written atomically; never a network, optimizer or log α with a NaN or inf."""
+    rng, eval_rng, eval_generator, train_envs, eval_envs = streams
+    state = {name: module.detach().cpu() if torch.is_tensor(module) else module.state_dict()
+             for name, module in modules.items()}
+    if diverged := non_finite(state):  # e.g. Adam's moments overflowed while every loss stayed finite
+        error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged", path)
+    state.update(
+        agent=AGENT, args=asdict(args), run_name=run_name, epoch=epoch, grad_steps=grad_steps, wall_time=wall_time,
+        buffer=rb.state_dict(), torch_rng=torch.get_rng_state(), numpy_rng=rng.bit_generator.state,
+        cuda_rng=torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+        eval_numpy_rng=eval_rng.bit_generator.state, eval_torch_rng=eval_generator.get_state(),
+        env_rngs=[*envs.env_rng_states(train_envs), *envs.env_rng_states(eval_envs)],
+        since_eval={**window, "start": time.time() - window["start"]})
+    write_atomically(path, lambda temporary: torch.save(state, temporary), path)
+
+
+def non_finite(state, prefix=""):
+    """Names of the float tensors with a NaN or inf in a nested state dict, e.g. "actor_optimizer.state.0.exp_avg"."""
+    if torch.is_tensor(state):
+        return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else []
+    return [name for key, value in items for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
+
+
+def restore_checkpoint(ckpt, args, run_dir, modules, rb, streams, device):
+    """Put a checkpoint back (with this run's Adam options) and drop later evaluations; another version's: one line."""
     try:
         for name, module in modules.items():
+            if torch.is_tensor(module):  # log α
+                module.data.copy_(ckpt[name])
+                continue
             module.load_state_dict(ckpt[name])
-            if isinstance(module, torch.optim.Optimizer):
-                use_adam_options(module, adam_options(args, device))
-        with torch.no_grad():
-            log_alpha.copy_(ckpt["log_alpha"])
+            for group in getattr(module, "param_groups", []):  # this run's Adam options
+                group.update({key: value for key, value in adam_options(args, device).items() if key != "lr"})
+                for param in group["params"]:  # step counts where fused or capturable Adam want them
+                    if "step" in module.state.get(param, {}):
+                        place = param.device if group["fused"] or group["capturable"] else "cpu"
+                        module.state[param]["step"] = module.state[param]["step"].to(place, torch.float32)
         rb.load_state_dict(ckpt["buffer"])
-        epoch, grad_steps, wall_time = ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"]
         torch.set_rng_state(ckpt["torch_rng"])
         if device.type == "cuda" and ckpt["cuda_rng"] is not None:
             restore_cuda_rng(ckpt["cuda_rng"])
-        eval_generator.set_state(ckpt["eval_torch_rng"])
+        rng, eval_rng, eval_generator, train_envs, eval_envs = streams
         rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
-        env_rngs = ckpt["env_rngs"]
-        for vector_env in vector_envs:  # the training envs' states, then the evaluation envs'
-            envs.set_env_rng_states(vector_env, env_rngs[:vector_env.num_envs])
-            env_rngs = env_rngs[vector_env.num_envs:]
-        window = ckpt["since_eval"]  # its start was saved as seconds before the checkpoint
-        stats = window["stats"]
-        if stats and torch.is_tensor(stats[0]):  # written before the stats had names: vectors in update's order
-            stats = [dict(zip(("phi_loss", "psi_loss", "actor_loss", "alpha_loss", "batch_score", "alpha"), means))
-                     for means in stats]
-        since_eval = {**window, "stats": [{name: value.to(device) for name, value in means.items()} for means in stats],
-                      "start": time.time() - window["start"]}
-    except (KeyError, RuntimeError, ValueError) as e:  # the state of another version of this script
+        eval_generator.set_state(ckpt["eval_torch_rng"])
+        envs.set_env_rng_states(train_envs, ckpt["env_rngs"][:train_envs.num_envs])
+        envs.set_env_rng_states(eval_envs, ckpt["env_rngs"][train_envs.num_envs:])
+        window = ckpt["since_eval"]  # start: seconds before the checkpoint
+        stats = [{name: value.to(device) for name, value in means.items()} for means in window["stats"]]
+        since_eval = {**window, "stats": stats, "start": time.time() - window["start"]}
+    except (KeyError, RuntimeError, ValueError, AttributeError) as e:
         error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
-    # evaluations logged after this checkpoint (the run stopped before writing its next one) are done again
-    truncate_log(os.path.join(run_dir, "eval.jsonl"), epoch)
-    steps_per_epoch = args.num_envs * envs.ENV_SPECS[args.env_id].horizon
-    print(f"resumed {ckpt['run_name']} at epoch {epoch} ({epoch * steps_per_epoch:,} env steps)")
-    return epoch, grad_steps, wall_time, since_eval
-
-
-def use_adam_options(optimizer, options):
-    """Give a restored optimizer this run's Adam options (the checkpoint's may differ), with its step counts where
-    they must be: on the parameters' device for fused or capturable Adam, on the host otherwise."""
-    for group in optimizer.param_groups:
-        group.update({key: value for key, value in options.items() if key != "lr"})
-        for param in group["params"]:
-            if "step" in optimizer.state.get(param, {}):
-                device = param.device if group["fused"] or group["capturable"] else "cpu"
-                optimizer.state[param]["step"] = optimizer.state[param]["step"].to(device, torch.float32)
+    log_path = os.path.join(run_dir, "eval.jsonl")
+    if os.path.isfile(log_path):  # the run does the later evaluations again
+        lines, kept = [line for line in pathlib.Path(log_path).read_text().split("\n") if line.strip()], []
+        for number, line in enumerate(lines, 1):
+            try:
+                kept += [line + "\n"] if json.loads(line)["epoch"] <= ckpt["epoch"] else []
+            except (ValueError, KeyError, TypeError):
+                if number < len(lines):
+                    error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
+                print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
+        write_atomically(log_path, lambda tmp: pathlib.Path(tmp).write_text("".join(kept)), args.resume)
+    env_steps = ckpt["epoch"] * args.num_envs * envs.ENV_SPECS[args.env_id].horizon
+    print(f"resumed {ckpt['run_name']} at epoch {ckpt['epoch']} ({env_steps:,} env steps)")
+    return ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"], since_eval
 
 
 def restore_cuda_rng(states):
-    """Restore a checkpoint's CUDA RNG states on the GPUs this machine sees: a run resumed where fewer GPUs are
-    visible than where it was written sets the ones it has (torch.cuda.set_rng_state_all would raise IndexError)."""
+    """The CUDA RNG states of the GPUs this machine has (it may have fewer)."""
     for index, state in enumerate(states[: torch.cuda.device_count()]):
         torch.cuda.set_rng_state(state, index)
 
 
-def truncate_log(log_path, last_epoch):
-    """Keep the evaluations of eval.jsonl up to `last_epoch` (a resumed run does the later ones again), rewritten
-    atomically. Blank lines and a torn last line (a crash while it was written) are dropped, the latter with a
-    warning; any other line that is not an evaluation ends the run with one line."""
-    if not os.path.isfile(log_path):
-        return
-    with open(log_path) as f:
-        lines = [line.rstrip("\n") for line in f if line.strip()]
-    kept = []
-    for number, line in enumerate(lines, 1):
-        try:
-            epoch = json.loads(line)["epoch"]
-        except (ValueError, KeyError, TypeError):
-            if number < len(lines):
-                error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
-            print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
-            continue
-        if epoch <= last_epoch:
-            kept.append(line + "\n")
-    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text("".join(kept)),
-                     resume_hint(os.path.join(os.path.dirname(log_path), "checkpoint.pt")))
-
-
-def save_checkpoint(path, args, run_name, epoch, grad_steps, wall_time, since_eval, modules, log_alpha, rb, rng,
-                    eval_rng, eval_generator, vector_envs, device):
-    """Write everything a resumed run needs to go on exactly as this one would, atomically: a crash, a kill or a full
-    disk mid-write leaves the previous checkpoint intact. A network or optimizer holding NaN or inf is never saved as
-    good: the run ends with one line instead."""
-    state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
-             "wall_time": wall_time, "log_alpha": log_alpha.detach().cpu(), "buffer": rb.state_dict(),
-             "torch_rng": torch.get_rng_state(),
-             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
-             "numpy_rng": rng.bit_generator.state, "eval_numpy_rng": eval_rng.bit_generator.state,
-             "eval_torch_rng": eval_generator.get_state(),
-             "env_rngs": [state for vector_env in vector_envs for state in envs.env_rng_states(vector_env)],
-             "since_eval": {**since_eval, "start": time.time() - since_eval["start"]},
-             **{name: module.state_dict() for name, module in modules.items()}}
-    diverged = non_finite({name: state[name] for name in modules})
-    if diverged:  # e.g. Adam's second moments overflowed while every loss stayed finite
-        error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged; "
-              f"{resume_hint(path)}")
-    write_atomically(path, lambda temporary: torch.save(state, temporary), resume_hint(path))
-
-
-def non_finite(state, prefix=""):
-    """The names of the float tensors holding NaN or inf in a (nested) state dict, such as
-    "actor_optimizer.state.0.exp_avg_sq"."""
-    if torch.is_tensor(state):
-        return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
-    if isinstance(state, dict):
-        return [name for key, value in state.items() for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
-    if isinstance(state, (list, tuple)):
-        return [name for i, value in enumerate(state) for name in non_finite(value, f"{prefix}.{i}")]
-    return []
-
-
-# ---------------------------------------------------------------- evaluation (official iod/metra.py: _evaluate_policy)
 @torch.no_grad()
 @record_function("evaluation")
-def evaluate(epoch, grad_steps, wall_time, stats, args, actor, phi, rb, eval_envs, eval_rng, eval_generator, device,
-             run_dir, writer):
-    """Deterministic rollouts with fresh skills → coverage, skill plot, mean ê(s)ᵀz, one line of eval.jsonl with `stats`
-    (the means since the previous evaluation); with --capture-video, a video of the first few rollouts."""
-    spec = envs.ENV_SPECS[args.env_id]
+def evaluate(epoch, grad_steps, wall_time, window, args, modules, rb, streams, device, run_dir, writer):
+    """Deterministic rollouts of fresh skills: coverage, mean ê(s)ᵀz, `window`'s stats to eval.jsonl; plot, video."""
+    spec, videos = envs.ENV_SPECS[args.env_id], range(min(4, args.num_eval_skills) if args.capture_video else 0)
+    actor, phi, (_, eval_rng, eval_generator, _, eval_envs) = modules["actor"], modules["phi"], streams
     skills = sample_skills(args.num_eval_skills, args.skill_dim, eval_generator)
-    coordinates, frames, videos = [], [], num_video_skills(args)
-
-    def record(info):  # the state after reset and after every step
+    (obs, info), coordinates, frames = eval_envs.reset(), [], []
+    for step in range(spec.horizon + 1):  # the state after reset and after every step
         coordinates.append(info["coordinates"])
-        if videos:
-            frames.append(np.concatenate(envs.render_envs(eval_envs, range(videos)), 1))
-
-    obs, info = eval_envs.reset()
-    skills_on_device = skills.to(device)
-    record(info)
-    for _ in range(spec.horizon):
-        action = actor.mode(torch.as_tensor(obs, device=device), skills_on_device)
-        obs, _, _, _, info = eval_envs.step(finite(action, epoch))
-        record(info)
-    paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coord_dim)
-    env_steps = epoch * args.num_envs * spec.horizon
+        frames += [np.concatenate(envs.render_envs(eval_envs, videos), 1)] if videos else []
+        if step < spec.horizon:
+            action = actor.mode(torch.as_tensor(obs, device=device), skills.to(device))
+            obs, _, _, _, info = eval_envs.step(finite(action, epoch))
+    paths, env_steps = np.stack(coordinates, 1), epoch * args.num_envs * spec.horizon
     result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps, "wall_time": round(wall_time, 2),
               "coverage": envs.coverage(paths, args.env_id)}
-    if rb.size > 0:  # mean ê(s)ᵀz over replay transitions (0 untrained, 1 perfect), in chunks that fit in memory
-        n = min(NUM_DIAGNOSTIC_SAMPLES, rb.size)
-        batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))  # one at a time
+    writer.add_scalar("eval/coverage", result["coverage"], env_steps)
+    if rb.size > 0:  # 1000 transitions at a time
+        n = min(10_000, rb.size)
+        batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))
         result["score"] = torch.cat([vmf_score(phi(b["obs"]), b["skill"]) for b in batches]).mean().item()
-    result.update(stats)
-    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    # every file whole or not at all: a full disk or a read-only folder ends the run with one line
-    hint = resume_hint(os.path.join(run_dir, "checkpoint.pt"))
-    fig = plot_skills(paths, skills.numpy(),
-                      f"VISR {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}", args.env_id)
-    write_atomically(os.path.join(run_dir, f"skills_{env_steps:010d}.png"),
-                     lambda temporary: fig.savefig(temporary, dpi=100), hint)
-    plt.close(fig)
+        writer.add_scalar("eval/score", result["score"], env_steps)
+    per_epoch = [torch.stack(list(means.values())) for means in window["stats"]]  # the mean of the epochs' means
+    stats = dict(zip(window["stats"][0], torch.stack(per_epoch).mean(0).tolist())) if per_epoch else {}
+    stats |= {"sps": window["env_steps"] / (time.time() - window["start"])} if window["env_steps"] else {}
+    stats |= {"ms_per_grad_step": 1000 * window["train_time"] / window["grad_steps"]} if window["grad_steps"] else {}
+    result |= {**stats, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    saved, z = os.path.join(run_dir, "checkpoint.pt"), skills.numpy()
+    fig = Figure(figsize=(5, 5))  # coloured by the angle of (z_0, z_1), or the sign of z
+    angle = np.arctan2(z[:, 1], z[:, 0]) if args.skill_dim > 1 else np.pi * (z[:, 0] > 0)
+    envs.draw_coordinates(ax := fig.subplots(), paths, colormaps["hsv"]((angle + np.pi) / (2 * np.pi)), args.env_id)
+    ax.set_title(f"VISR {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}")
+    fig.tight_layout()
+    write_atomically(f"{run_dir}/skills_{env_steps:010d}.png", lambda tmp: fig.savefig(tmp, dpi=100), saved)
     if frames:
         import imageio
-
         os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
         write_atomically(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"),
-                         lambda temporary: imageio.mimsave(temporary, frames, fps=20), hint)
-    for key in ("coverage", "score"):
-        if key in result:
-            writer.add_scalar(f"eval/{key}", result[key], env_steps)
+                         lambda tmp: imageio.mimsave(tmp, frames, fps=20), saved)
     log_path = os.path.join(run_dir, "eval.jsonl")
     logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
-    write_atomically(log_path, lambda temporary: pathlib.Path(temporary).write_text(
-        logged + json.dumps(result) + "\n"), hint)
+    write_atomically(log_path, lambda tmp: pathlib.Path(tmp).write_text(logged + json.dumps(result) + "\n"), saved)
     print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | " + " | ".join(
         f"{k} {result[k]:.4g}" for k in ("score", *stats) if k in result), flush=True)
 
 
-def plot_skills(coordinates, skills, title, env_id):
-    """The evaluation trajectories, coloured by the angle of (z_0, z_1) (by the sign of z for d = 1)."""
-    angle = np.arctan2(skills[:, 1], skills[:, 0]) if skills.shape[-1] > 1 else np.pi * (skills[:, 0] > 0)
-    colors = plt.cm.hsv((angle + np.pi) / (2 * np.pi))
-    fig, ax = plt.subplots(figsize=(5, 5))
-    envs.draw_coordinates(ax, coordinates, colors, env_id)
-    ax.set_title(title)
-    fig.tight_layout()
-    return fig
-
-
-# ---------------------------------------------------------------- stats, logging and the end of a run
 def new_window():
-    """What happened since the last evaluation: the means and speeds the next one reports. `stats` holds one dict of
-    named means per epoch that trained."""
+    """Since the last evaluation: each training epoch's means by name, and what the speeds need."""
     return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
 
 
-def stack_stats(stats):
-    """A list of dicts of named 0-dim tensors (one per gradient step, or per epoch) → the names, and the values as one
-    (len(stats), names) tensor, whose mean(0) is each stat's mean."""
-    names = list(stats[0])
-    return names, torch.stack([torch.stack([entry[name] for name in names]) for entry in stats])
-
-
-def window_stats(window):
-    """What the next evaluation reports of the window since the previous one: each stat's mean over the epochs that
-    trained, the env steps per second and the milliseconds per gradient step."""
-    stats = {}
-    if window["stats"]:
-        names, per_epoch = stack_stats(window["stats"])
-        stats = dict(zip(names, per_epoch.mean(0).tolist()))
-    elapsed = time.time() - window["start"]
-    if window["env_steps"]:
-        stats["sps"] = window["env_steps"] / elapsed
-    if window["grad_steps"]:
-        stats["ms_per_grad_step"] = 1000 * window["train_time"] / window["grad_steps"]
-    return stats
-
-
-def stop_at_a_non_finite_loss(names, per_step, grad_steps, epoch, hint):
-    """End the run with one line naming the first loss (a stat named *_loss) that is NaN or inf in this epoch's
-    steps, and its gradient step. per_step: (steps, names); grad_steps: the steps taken before this epoch's."""
-    losses = [i for i, name in enumerate(names) if name.endswith("_loss")]
-    bad = ~torch.isfinite(torch.stack([per_step[:, i] for i in losses], 1))  # (steps, losses)
-    if bad.any():
-        step, which = bad.nonzero()[0].tolist()
-        loss = losses[which]
-        error(f"{names[loss]} is {per_step[step, loss].item()} at gradient step {grad_steps + step + 1} "
-              f"(epoch {epoch}); {hint}")
-
-
-def finite(action, epoch):
-    """The policy's action as a numpy array for the envs, which refuse NaN and inf: if it has one, the networks
-    diverged in the last update (a NaN loss would show at the next), and the run ends with one line."""
-    action = action.cpu().numpy()
-    if not np.isfinite(action).all():
-        error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
-    return action
-
-
-def record_epoch(window, stats, steps, train_time, writer, env_steps):
-    """Add an epoch's `steps` gradient steps to the window (`stats`: each stat's mean over them) and to TensorBoard."""
-    window["stats"].append(stats)
-    window["grad_steps"] += steps
-    window["train_time"] += train_time
-    for name, value in floats(stats).items():
-        writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
-
-
-def log_epoch(writer, epoch, env_steps, grad_steps, steps_this_segment, seconds_this_segment, window,
-              total_env_steps):
-    """TensorBoard's speed and gradient steps after each epoch; every 10 epochs, one line with the last stats and
-    the time the rest of --total-env-steps takes at this run's speed so far (evaluations included)."""
-    sps = int(steps_this_segment / seconds_this_segment)
-    writer.add_scalar("charts/SPS", sps, env_steps)
-    writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
+def log_epoch(window, step_stats, train_time, epoch, grad_steps, env_steps, sps, writer, args, ckpt_path):
+    """An epoch's means to `window` and TensorBoard (or one line at a NaN or inf *_loss); every 10, the time left."""
+    if step_stats:
+        names = list(step_stats[0])
+        per_step = torch.stack([torch.stack([stats[name] for name in names]) for stats in step_stats])  # (steps, stats)
+        losses = [i for i, name in enumerate(names) if name.endswith("_loss")]
+        bad = ~torch.isfinite(per_step[:, losses])
+        if bad.any():
+            step, which = bad.nonzero()[0].tolist()
+            error(f"{names[losses[which]]} is {per_step[step, losses[which]].item()} at gradient step "
+                  f"{grad_steps + step + 1} (epoch {epoch})", ckpt_path)
+        window["stats"].append(dict(zip(names, means := per_step.mean(0))))
+        window["grad_steps"] += len(step_stats)
+        window["train_time"] += train_time
+        for name, value in zip(names, means.tolist()):
+            writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
+    writer.add_scalar("charts/SPS", int(sps), env_steps)
+    writer.add_scalar("charts/grad_steps", grad_steps + len(step_stats), env_steps)
     if (epoch + 1) % 10 == 0:
-        last = floats(window["stats"][-1]) if window["stats"] else {}
-        left = duration((total_env_steps - env_steps) * seconds_this_segment / steps_this_segment)
-        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | {left} left | "
+        last = {name: value.item() for name, value in window["stats"][-1].items()} if window["stats"] else {}
+        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {int(sps)} | "
+              f"{duration((args.total_env_steps - env_steps) / sps)} left | "
               + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
 
 
 def duration(seconds):
     """A time span as people read it: "45 s", "12 min", "3 h 05 min"."""
     minutes = round(seconds / 60)
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+    return f"{seconds:.0f} s" if seconds < 60 else f"{minutes} min" if minutes < 60 else \
+        f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def floats(stats):
-    """Named 0-dim tensors as Python floats, read from the device at once."""
-    names, values = stack_stats([stats])
-    return dict(zip(names, values[0].tolist()))
+def finite(action, epoch):
+    """The action as an array for the envs, or one line if it is NaN or inf (the networks diverged)."""
+    if not np.isfinite(action := action.cpu().numpy()).all():
+        error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
+    return action
 
 
-def finish_run(args, run_dir, writer, *vector_envs):
-    """Close the envs and the logs; Ctrl-C as before the run."""
-    for vector_env in vector_envs:
-        vector_env.close()
-    writer.close()
-    if args.track:
-        import wandb
-
-        wandb.finish()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    print(f"done: {run_dir}")
+def error(message, path=None):
+    """End the run with one line on stderr; with `path`, whether it can be resumed from that checkpoint."""
+    if path:
+        message += f"; resume with --resume {path}" if os.path.isfile(path) else "; no checkpoint was written yet"
+    sys.exit(f"{AGENT}.py: error: {message}")
 
 
-# ---------------------------------------------------------------- failures and files
-def error(message):
-    """End the run with one line on stderr, no traceback."""
-    sys.exit(f"visr.py: error: {message}")
-
-
-def resume_hint(checkpoint_path):
-    """What a stopped run can be resumed from."""
-    if os.path.isfile(checkpoint_path):
-        return f"resume with --resume {checkpoint_path}"
-    return "no checkpoint was written yet"
-
-
-def write_atomically(path, write, hint):
-    """Write `path` by `write(temporary path)`, then rename it into place: a write that fails (a full disk, a
-    read-only folder) leaves the earlier file whole and no temporary behind, and ends the run with one line."""
-    root, extension = os.path.splitext(path)
-    temporary = f"{root}.tmp{extension}"  # the extension tells savefig and imageio the format
+def write_atomically(path, write, ckpt_path):
+    """Write `path` by write(temporary) and a rename: a failed write leaves the old file whole, and one line."""
+    temporary = "{}.tmp{}".format(*os.path.splitext(path))  # the extension tells savefig and imageio the format
     try:
         write(temporary)
         os.replace(temporary, path)
-    except BaseException as e:  # a failed write, or Ctrl-C or an error mid-write: no temporary left behind
+    except BaseException as e:  # Ctrl-C too: no temporary left behind
         with contextlib.suppress(OSError):
             os.remove(temporary)
-        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a failed write as a RuntimeError
+        if not isinstance(e, (OSError, RuntimeError)):  # torch.save's failed write: RuntimeError
             raise
-        if isinstance(e, OSError):
-            reason = e.strerror or str(e)
-        elif "unexpected pos" in str(e) or "write failed" in str(e):
-            reason = "the write was cut short: is the disk full?"
-        else:
-            reason = " ".join(str(e).split())[:120]
-        error(f"cannot write {path} ({reason}); {hint}")
+        cut_short = "unexpected pos" in str(e) or "write failed" in str(e)
+        reason = (e.strerror or str(e)) if isinstance(e, OSError) else (
+            "the write was cut short: is the disk full?" if cut_short else " ".join(str(e).split())[:120])
+        error(f"cannot write {path} ({reason})", ckpt_path)
 
 
 if __name__ == "__main__":
     args, ckpt = parse_args()
     try:
         main(args, ckpt)
-    except OSError as e:  # the run's folder or TensorBoard's file cannot be written (read-only, a full disk)
+    except OSError as e:  # the run's folder or TensorBoard's file
         error(f"cannot write {os.fsdecode(e.filename) if e.filename else 'the TensorBoard log'} ({e.strerror or e})")

@@ -48,8 +48,12 @@ def device_time_us(event):
 
 @contextlib.contextmanager
 def labelled_gather(agent):
-    """The agent's ReplayBuffer.gather inside a record_function("gather"), while the block runs."""
-    gather = agent.ReplayBuffer.gather
+    """The agent's ReplayBuffer.gather inside a record_function("gather"), while the block runs (a buffer that draws
+    its batch in `sample` alone, as cic.py's and dads.py's, has no gather to label: its gather_ms is 0)."""
+    gather = getattr(agent.ReplayBuffer, "gather", None)
+    if gather is None:
+        yield
+        return
 
     @functools.wraps(gather)
     def labelled(*args, **kwargs):

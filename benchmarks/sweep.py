@@ -51,6 +51,7 @@ next to a run's checkpoint) and hierarchical.py's (hierarchical runs started fro
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import glob
 import hashlib
@@ -68,6 +69,7 @@ import socket
 import subprocess
 import sys
 import time
+import typing
 
 import matplotlib
 import numpy as np
@@ -272,16 +274,27 @@ def variant_slug(variant):
 
 def parse_agent_args(agent_name, argv):
     """The agent's parse of `python <agent>.py *argv`: (args, None), or (None, its one-line reason for refusing)."""
-    captured = io.StringIO()  # tyro's own refusals are a box on stderr; keep its first line of text
+    module = importlib.import_module(agent_name)
     try:
-        with contextlib.redirect_stderr(captured):
-            args, _ = importlib.import_module(agent_name).parse_args(argv)
+        with contextlib.redirect_stderr(io.StringIO()):  # tyro's own refusals are a box on the terminal
+            args, _ = module.parse_args(argv)
     except SystemExit as refusal:
         if isinstance(refusal.code, str):
             return None, refusal.code
-        text = [line.strip("│ ") for line in captured.getvalue().splitlines() if line.startswith("│")]
-        return None, next((line for line in text if line), f"{agent_name}.py refused it (exit code {refusal.code})")
+        return None, choice_refused(module, argv) or f"{agent_name}.py refused it (exit code {refusal.code})"
     return args, None
+
+
+def choice_refused(module, argv):
+    """What tyro refused in `argv`, as one line: a value outside the choices of a flag (a Literal field of Args)."""
+    for field in dataclasses.fields(module.Args):
+        choices, option = typing.get_args(field.type), "--" + field.name.replace("_", "-")
+        for i, word in enumerate(argv):
+            value = word.split("=", 1)[1] if word.startswith(option + "=") else (
+                argv[i + 1] if word == option and i + 1 < len(argv) else None)
+            if typing.get_origin(field.type) is typing.Literal and value is not None and value not in choices:
+                return f"{module.AGENT}.py: error: {option} must be one of {', '.join(choices)}, got {value!r}"
+    return None
 
 
 def plan(agents, env_ids, seeds, flags, sweep_dir, variants=("",)):

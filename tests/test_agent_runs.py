@@ -194,6 +194,18 @@ def test_nan_stops_the_run_and_leaves_a_checkpoint_it_resumes_from(agent, tiny_r
 
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_a_resume_drops_what_was_logged_after_its_checkpoint_even_on_another_schedule(agent, tmp_path):
+    """An evaluation logged after the last checkpoint (the run then died) is dropped, also where the resumed run,
+    with another --eval-every, does not make it again."""
+    run_dir = run_agent(agent, tmp_path, "--total-env-steps", "1200", *FIVE_EPOCHS[2:])  # evaluated at 0, 2, 3
+    with open(os.path.join(run_dir, "eval.jsonl"), "a") as f:
+        f.write('{"epoch": 4, "env_steps": 1600}\n')  # after the checkpoint at epoch 3
+    agent.main(*agent.parse_args(["--resume", os.path.join(run_dir, "checkpoint.pt"), "--total-env-steps", "2000",
+                                  "--eval-every", "5", "--no-parallel-envs"]))
+    assert [line["epoch"] for line in read_evals(run_dir)] == [0, 2, 3, 5]
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
 def test_resumed_from_elsewhere_with_a_torn_log_the_run_keeps_its_folder(agent, tmp_path, capsys):
     """A resume run from another working directory goes on in the checkpoint's folder; a blank line and a torn last
     line of eval.jsonl (a crash mid-write) are dropped, with a warning; a corrupt line before the end stops it."""

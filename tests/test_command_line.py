@@ -1,16 +1,21 @@
 """Every agent's command line: every numeric flag is checked against its range, bad input of any kind ends in one
-line and a non-zero exit (never a traceback, never a silent run), and --resume continues a run with its own flags.
+line and a non-zero exit (a value outside a flag's choices: tyro's own short box), never a traceback or a silent run;
+--help gives each flag a whole sentence; --resume continues a run with its own flags.
 Checked in this process on `parse_args`; one subprocess per agent shows what reaches the terminal."""
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
+import typing
 from typing import Optional
 
 import pytest
 import torch
 from conftest import AGENTS, FIVE_EPOCHS, load, name
+
+import hierarchical
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMERIC = (int, float, Optional[int], Optional[float])
@@ -65,7 +70,6 @@ def test_the_edges_that_mean_something_are_accepted(agent):
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)
 @pytest.mark.parametrize("argv, message", [
-    (["--env-id", "Hopper"], "unknown --env-id 'Hopper'; choose one of Ant, HalfCheetah, Quadruped, Humanoid"),
     (["--skill-dim", "0"], "--skill-dim must be in ["),
     (["--gamma", "1"], "--gamma must be in [0, 1), got 1.0"),
     (["--tau", "0"], "--tau must be in (0, 1], got 0.0"),
@@ -158,12 +162,58 @@ def test_pixel_env_without_opengl_is_one_line_naming_the_package(agent, tmp_path
     assert line.startswith(f"{name(agent)}.py: error: cannot render") and "libosmesa6" in line
 
 
-@pytest.mark.parametrize("agent", [a for a in AGENTS if hasattr(a, "FLAG_CHOICES")], ids=name)
-def test_a_choice_flag_refuses_another_value_with_one_line(agent):
-    assert {f.name for f in dataclasses.fields(agent.Args) if f.type is str} >= set(agent.FLAG_CHOICES)
-    for flag, choices in agent.FLAG_CHOICES.items():
+def choice_flags(agent):
+    """Each flag with a fixed set of values (a Literal field of Args), and its values."""
+    return {field.name: typing.get_args(field.type) for field in dataclasses.fields(agent.Args)
+            if typing.get_origin(field.type) is typing.Literal}
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_a_choice_flag_lists_its_choices_and_refuses_another_value(agent, capsys):
+    flags = choice_flags(agent)
+    assert "Ant" in flags["env_id"] and not any(f.type is str and f.name.endswith(("_id", "loss", "norm", "critic"))
+                                                for f in dataclasses.fields(agent.Args))  # no free-text choice left
+    for flag, choices in flags.items():
         option = "--" + flag.replace("_", "-")
-        assert rejects(agent, [option, "nonsense"]).endswith(f"{option} must be one of {', '.join(choices)}, "
-                                                             "got 'nonsense'")
-        for choice in choices:  # every choice is accepted (alone; METRA-C needs unit-sphere skills)
-            agent.parse_args([option, choice, *(["--env-id", "Ant"])])
+        with pytest.raises(SystemExit) as stop:  # tyro's own answer: the flag, the value, the choices, no traceback
+            agent.parse_args([option, "nonsense"])
+        message = capsys.readouterr().err
+        assert stop.value.code == 2 and "Traceback" not in message and "nonsense" in message and option in message
+        assert all(choice in message for choice in choices), message
+        for choice in choices:  # every choice is accepted (alone, on Ant: METRA-C needs unit-sphere skills)
+            assert getattr(agent.parse_args([option, choice, *(["--env-id", "Ant"] if flag != "env_id" else [])])[0],
+                           flag) == choice
+
+
+def help_texts(agent, capsys, monkeypatch):
+    """Each option's help in `--help`, as one line (a terminal wide enough for every help)."""
+    monkeypatch.setenv("COLUMNS", "400")
+    with pytest.raises(SystemExit):
+        agent.parse_args(["--help"])
+    rows = [line.strip("│ ") for line in capsys.readouterr().out.splitlines()]  # a box on a terminal, else rules
+    rows = rows[rows.index(next(row for row in rows if row.startswith("-h, --help"))) + 1:]
+    texts, option = {}, None
+    for row in rows:
+        match = re.fullmatch(r"(--[\w-]+)(?:, --[\w-]+)?(?: \S+)?(?:\s{2,}(.*))?", row)
+        if not row or row.startswith(("╰", "─", "-" * 10)):
+            continue
+        if match:
+            option = match[1]
+        if option and (match and match[2] or not match):
+            texts[option] = (match[2] if match else row).split(" (default:")[0]
+    return texts
+
+
+@pytest.mark.parametrize("agent", [*AGENTS, hierarchical], ids=name)
+def test_help_gives_every_flag_a_whole_sentence_and_lists_choices(agent, capsys, monkeypatch):
+    texts = help_texts(agent, capsys, monkeypatch)
+    fields = dataclasses.fields(agent.Args)
+    assert set(texts) == {"--" + field.name.replace("_", "-") for field in fields}
+    broken = {option: text for option, text in texts.items() if not (text[0].isupper() and text.endswith("."))}
+    assert not broken, broken
+    monkeypatch.setenv("COLUMNS", "400")
+    with pytest.raises(SystemExit):
+        agent.parse_args(["--help"])
+    listed = capsys.readouterr().out
+    for flag, choices in choice_flags(agent).items():
+        assert f"--{flag.replace('_', '-')} {{{','.join(choices)}}}" in listed

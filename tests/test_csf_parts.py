@@ -1,5 +1,6 @@
 """CSF's losses and networks on small batches whose answers are computed by hand."""
 
+import argparse
 import math
 
 import gymnasium as gym
@@ -87,7 +88,7 @@ ON_DEVICE = [None, torch.device("cpu")]  # host numpy storage; --buffer-on-devic
 def test_replay_buffer_wraps_around_and_round_trips(device, clone_device):
     """A state saved from either storage loads into either (--buffer-on-device may change at resume)."""
     space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
-    rb = csf.ReplayBuffer(6, horizon=2, observation_space=space, frame_stack=1, action_dim=1, skill_dim=1,
+    rb = csf.ReplayBuffer(6, horizon=2, space=space, frame_stack=1, action_dim=1, skill_dim=1,
                           rng=np.random.default_rng(0), device=device)
     for first in (0, 10, 20, 30):  # 4 trajectories into room for 3: the oldest one is overwritten
         obs = np.arange(first, first + 3, dtype=np.float32).reshape(1, 3, 1)  # s_0, s_1, s_2 of one trajectory
@@ -180,7 +181,9 @@ def test_each_critic_phi_loss_on_a_hand_batch(critic, positives, negative_scores
     xi = 5.0
     lse = [math.log(sum(math.exp(v) for v in row)) for row in negative_scores]
     expected = -sum(p - xi * l for p, l in zip(positives, lse)) / 2
-    loss, logsumexp = csf.contrastive_phi_loss(DPHI, SKILL, NEGATIVES, xi, critic)
+    loss, logsumexp = csf.ablation_phi_loss(DPHI, SKILL, NEGATIVES, xi, critic)
+    if critic == "inner":  # the paper's loss, without the ablations' code
+        assert torch.equal(csf.contrastive_phi_loss(DPHI, SKILL, NEGATIVES, xi)[0], loss)
     assert loss.item() == pytest.approx(expected, rel=1e-6) and logsumexp.item() == pytest.approx(sum(lse) / 2)
     assert csf.critic_value(DPHI, SKILL, critic).tolist() == pytest.approx(positives)
 
@@ -194,10 +197,15 @@ def test_inner_critic_is_todays_loss_exactly():
 
 @pytest.mark.parametrize("critic", ["inner", "gaussian", "laplacian"])
 def test_mutual_information_reward_is_the_per_sample_contrastive_bound(critic):
-    bottleneck = csf.intrinsic_reward(DPHI, SKILL, NEGATIVES, 5.0, critic)
-    assert torch.equal(bottleneck, csf.critic_value(DPHI, SKILL, critic))  # the negative term left out
-    mi = csf.intrinsic_reward(DPHI, SKILL, NEGATIVES, 5.0, critic, "mutual-information")
-    loss, _ = csf.contrastive_phi_loss(DPHI, SKILL, NEGATIVES, 5.0, critic)
+    def reward(kind):  # r, from ψ's cumulant: Δφ, then r - Δφᵀz
+        flags = argparse.Namespace(xi=5.0, critic=critic, reward=kind)
+        cumulant = csf.with_reward_remainder(DPHI, SKILL, NEGATIVES, flags)
+        assert torch.equal(cumulant[:, :-1], DPHI)
+        return cumulant[:, -1] + (DPHI * SKILL).sum(-1)
+
+    bottleneck, mi = reward("bottleneck"), reward("mutual-information")
+    assert torch.allclose(bottleneck, csf.critic_value(DPHI, SKILL, critic))  # the negative term left out
+    loss, _ = csf.ablation_phi_loss(DPHI, SKILL, NEGATIVES, 5.0, critic)
     assert mi.mean().item() == pytest.approx(-loss.item(), rel=1e-6)  # φ's objective, sample by sample
     lse = csf.negative_logsumexp(DPHI, NEGATIVES, critic)
     assert torch.allclose(mi, bottleneck - 5.0 * lse)

@@ -17,8 +17,8 @@ def test_halfcheetah_run_draws_fresh_negatives_apart_from_the_positives(tmp_path
     mean log-sum-exp of the steps since the last one."""
     calls, real_loss = [], csf.contrastive_phi_loss
 
-    def spy(dphi, skill, negatives, xi, critic):
-        loss, logsumexp = real_loss(dphi, skill, negatives, xi, critic)
+    def spy(dphi, skill, negatives, xi):
+        loss, logsumexp = real_loss(dphi, skill, negatives, xi)
         calls.append((skill, negatives, logsumexp.item()))
         return loss, logsumexp
 
