@@ -526,8 +526,7 @@ def env_defaults(env_id):  # the paper's values that depend on the env
             "eval_every": spec.eval_every}
 
 
-def start_run(args, ckpt):
-    """The run's folder (a resumed run's is its checkpoint's), Ctrl-C as one line, W&B, TensorBoard, the flags."""
+def start_run(args, ckpt):  # the run's folder (a resumed run's), Ctrl-C as one line, W&B, TensorBoard, the flags
     run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
     run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
@@ -549,8 +548,7 @@ def start_run(args, ckpt):
     return run_name, run_dir, writer
 
 
-def check_memory(args, space, action_dim, horizon, frame_stack, device):
-    """Refuse, before allocating, a run that cannot fit in the memory free now, naming lower bounds of its parts."""
+def check_memory(args, space, action_dim, horizon, frame_stack, device):  # refuse what cannot fit, before allocating
     frame_bytes = math.prod(space.shape) // frame_stack * space.dtype.itemsize
     trajectory_bytes = (horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim)
     host = {"the replay buffer (--buffer-size)": args.buffer_size // horizon * trajectory_bytes}
@@ -572,8 +570,7 @@ def adam_options(args, device):  # foreach Adam (torch.compile fuses it), fused 
     return {"lr": args.lr, "fused": fused, "foreach": not fused, "capturable": capturable}
 
 
-class CudaGraphStep:
-    """The step as a CUDA graph: 3 real steps on a side stream, then recorded on a static batch, refilled to replay."""
+class CudaGraphStep:  # the step as a CUDA graph: 3 real steps on a side stream, then recorded on a static batch
 
     def __init__(self, step):
         self.step, self.calls, self.graph = step, 0, None
@@ -666,8 +663,7 @@ def restore_cuda_rng(states):  # on the GPUs this machine has, maybe fewer
 @torch.no_grad()
 @record_function("evaluation")
 def evaluate(epoch, grad_steps, wall_time, window, args, actor, phi, rb, eval_envs, streams, device, run_dir, writer):
-    """Deterministic rollouts of fresh skills (iod/metra.py: _evaluate_policy) → coverage, a plot, E‖Δφ‖², a video,
-    and a line of eval.jsonl with the window's means and speeds."""
+    """Deterministic rollouts of fresh skills (iod/metra.py: _evaluate_policy): coverage, E‖Δφ‖², the window's stats."""
     spec, videos = envs.ENV_SPECS[args.env_id], range(min(4, args.num_eval_skills) if args.capture_video else 0)
     skills = sample_skills(args.num_eval_skills, args.skill_dim, streams["eval_generator"])
     (obs, info), coordinates, frames = eval_envs.reset(), [], []
@@ -728,8 +724,7 @@ def new_window():  # since the last evaluation
 
 
 def log_epoch(writer, epoch, env_steps, grad_steps, sps, window, args, step_stats, train_time):
-    """A NaN or inf *_loss of the epoch ends the run, naming its step; else its means go to the window and
-    TensorBoard, with the speed, and every 10 epochs a line says the time left."""
+    """A NaN or inf *_loss ends the run, naming its step; else the means go to the window and TensorBoard."""
     if step_stats:
         names = list(step_stats[0])
         per_step = torch.stack([torch.stack(list(stats.values())) for stats in step_stats])  # (steps, stats)
