@@ -60,7 +60,7 @@ AGENT = "cic"
 
 @dataclass
 class Args:
-    env_id: Literal["Ant", "HalfCheetah", "Quadruped", "Humanoid", "Kitchen", "Robobin"] = "Ant"  # Train in this world.
+    env_id: Literal["Ant", "HalfCheetah", "Quadruped", "Humanoid", "Kitchen", "Robobin"] = "Ant"  # The world.
     skill_dim: Optional[int] = None  # Dimension d of the skill z ~ N(0, I_d) (unset: 64).
     seed: int = 1  # Seed of torch, numpy and the envs.
     total_env_steps: Optional[int] = None  # Training budget in env steps (unset: the paper's).
@@ -71,7 +71,7 @@ class Args:
     buffer_size: Optional[int] = None  # Replay capacity in transitions (unset: the paper's).
     hidden_dim: int = 1024  # Width of the hidden layers of φ, g, h, Q and π.
     eval_every: Optional[int] = None  # Epochs between evaluations, and the last (unset: CIC's).
-    checkpoint_every: Optional[int] = None  # Epochs between checkpoints, and the last (unset: --eval-every).
+    checkpoint_every: Optional[int] = None  # Epochs between checkpoints (unset: --eval-every).
     resume: Optional[str] = None  # A checkpoint.pt to continue, in its folder, with its flags.
     cuda: bool = True  # Use the GPU when torch sees one.
     parallel_envs: bool = True  # Step the envs in worker processes (the same numbers).
@@ -83,11 +83,11 @@ class Args:
     num_eval_skills: int = 48  # Rollouts per evaluation, a fresh skill each.
     temperature: float = 0.5  # Temperature T of the CPC logits q_iᵀk_j / T.
     knn_k: int = 16  # Neighbours k in the batch of the APT particle reward.
-    time_limit_terminal: bool = True  # Make a trajectory's last step terminal, as the official CIC.
+    time_limit_terminal: bool = True  # Make a trajectory's end terminal, as the official CIC does.
     gamma: float = 0.99  # Discount of the SAC critic.
     tau: float = 0.005  # Polyak step of the target Q networks.
     lr: float = 1e-4  # Adam learning rate of φ, g and h, Q, π and log α.
-    alpha_init: float = 0.01  # Initial entropy temperature α, tuned automatically towards entropy -|A|/2 on every env.
+    alpha_init: float = 0.01  # Initial α, tuned automatically towards entropy -|A|/2 on every env.
     compile: bool = False  # Compile the whole gradient step (the same numbers up to rounding).
     bf16: bool = False  # Run the pixel encoders' convolutions in bfloat16.
     cudagraphs: bool = False  # On a GPU, replay the whole gradient step as one CUDA graph.
@@ -198,7 +198,7 @@ class Actor(nn.Module):
     def sample(self, obs, skill):
         """A reparameterized action and its log-probability, with the tanh correction."""
         mean, log_std = self(obs, skill)
-        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaNs are caught per epoch
+        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaN: caught per epoch
         u = normal.rsample()
         action = torch.tanh(u)
         log_prob = normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
@@ -215,9 +215,11 @@ class ReplayBuffer:
     def __init__(self, capacity, horizon, space, frame_stack, action_dim, skill_dim, rng, device=None):
         frame_shape, n = space.shape[:-1] + (space.shape[-1] // frame_stack,), capacity // horizon
         self.horizon, self.rng, self.device, self.pos, self.num_stored, self.size = horizon, rng, device, 0, 0, 0
-        self.frames = self.to_storage(np.zeros((n, horizon + 1, *frame_shape), space.dtype))
-        self.actions = self.to_storage(np.zeros((n, horizon, action_dim), np.float32))
-        self.skills = self.to_storage(np.zeros((n, skill_dim), np.float32))
+        zeros = np.zeros if device is None else (  # on the device: no host copy
+            lambda shape, dtype: torch.zeros(shape, dtype=getattr(torch, np.dtype(dtype).name), device=device))
+        self.frames = zeros((n, horizon + 1, *frame_shape), space.dtype)
+        self.actions = zeros((n, horizon, action_dim), np.float32)
+        self.skills = zeros((n, skill_dim), np.float32)
         self.frame_offsets = self.to_storage(np.arange(1 - frame_stack, 2))
         self.generator = None if device is None else torch.Generator(device).manual_seed(int(rng.integers(2**62)))
 
@@ -239,7 +241,7 @@ class ReplayBuffer:
         i = (self.to_storage((rng or self.rng).integers(0, self.size, batch_size)) if self.device is None or rng
              else torch.randint(0, self.size, (batch_size,), generator=self.generator, device=self.device))
         trajectory, t = i // self.horizon, i % self.horizon
-        steps = (t[:, None] + self.frame_offsets).clip(min=0)  # frames t-k+1..t+1 (the first before t = 0)
+        steps = (t[:, None] + self.frame_offsets).clip(min=0)  # frames t-k+1..t+1
         batch = {"frames": self.frames[trajectory[:, None], steps], "action": self.actions[trajectory, t],
                  "skill": self.skills[trajectory], "last": t == self.horizon - 1}
         if self.device is None:
@@ -260,7 +262,7 @@ class ReplayBuffer:
         self.pos, self.num_stored, self.size = state["pos"], state["num_stored"], state["num_stored"] * self.horizon
         for name in ("frames", "actions", "skills"):
             getattr(self, name)[:self.num_stored] = state[name] if self.device is None else state[name].to(self.device)
-        if self.generator is not None and state.get("generator") is not None:  # None: moved to the device at resume
+        if self.generator is not None and state.get("generator") is not None:  # None: moved to the device
             self.generator.set_state(state["generator"])
 
 
@@ -310,7 +312,7 @@ def main(args, ckpt=None):
     rb = ReplayBuffer(args.buffer_size, spec.horizon, space, spec.frame_stack, action_dim, d, rng,
                       device if args.buffer_on_device else None)
     moments = RunningMoments(device)  # of the kNN distances
-    modules = {"phi": phi, "predictor": predictor, "skill_net": skill_net, "moments": moments,  # the checkpoint's keys
+    modules = {"phi": phi, "predictor": predictor, "skill_net": skill_net, "moments": moments,  # checkpoint keys
                "qf1": qf[0], "qf2": qf[1], "qf1_target": qf_target[0], "qf2_target": qf_target[1], "actor": actor,
                "phi_optimizer": phi_optimizer, "qf_optimizer": qf_optimizer, "actor_optimizer": actor_optimizer,
                "alpha_optimizer": alpha_optimizer, "log_alpha": log_alpha}
@@ -541,7 +543,7 @@ class CudaGraphStep:
 
 def save_checkpoint(run_dir, args, run_name, epoch, grad_steps, wall_time, window, modules, rb, streams, device):
     """All a resumed run needs to go on as this one would, written atomically; never a NaN or inf."""
-    def non_finite(state, prefix=""):  # names of tensors with a NaN or inf ("actor_optimizer.state.0.exp_avg")
+    def non_finite(state, prefix=""):  # names of tensors with a NaN or inf
         if torch.is_tensor(state):
             return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
         items = (state.items() if isinstance(state, dict) else
