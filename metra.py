@@ -217,11 +217,9 @@ class Actor(nn.Module):
 def frozen(modules):  # no gradient into them, only through
     for module in modules:
         module.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for module in modules:
-            module.requires_grad_(True)
+    yield
+    for module in modules:
+        module.requires_grad_(True)
 
 
 def gradient_step(optimizer, loss):
@@ -231,8 +229,7 @@ def gradient_step(optimizer, loss):
 
 
 class ReplayBuffer:
-    """Whole trajectories, each observation (a pixel stack's newest frame) stored once; uniform draws of (s, a, s', z)
-    on `device` (None: numpy arrays on the host)."""
+    """Whole trajectories, each frame stored once; uniform draws of (s, a, s', z); in numpy, or torch on `device`."""
 
     def __init__(self, capacity, horizon, space, frame_stack, action_dim, skill_dim, rng, device=None):
         n = capacity // horizon
@@ -296,7 +293,8 @@ class ReplayBuffer:
 def main(args, ckpt=None):
     """Epoch by epoch (iod/iod.py): evaluate, collect a trajectory per env, train; checkpoint, log, stop at a NaN."""
     spec, d, contrastive = envs.ENV_SPECS[args.env_id], args.skill_dim, args.repr_loss == "contrastive"  # METRA-C
-    num_epochs = args.total_env_steps // (steps_per_epoch := args.num_envs * spec.horizon)
+    steps_per_epoch = args.num_envs * spec.horizon
+    num_epochs = args.total_env_steps // steps_per_epoch
     run_name, run_dir, ckpt_path, writer = start_run(args, ckpt)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -305,9 +303,10 @@ def main(args, ckpt=None):
     eval_generator = torch.Generator().manual_seed(args.seed + 1)  # evaluation's own streams
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_float32_matmul_precision("high" if device.type == "cuda" else "highest")
+    num_video_envs = min(4, args.num_eval_skills) if args.capture_video else 0  # the first evaluation envs
     try:
         train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
-                                               args.num_eval_skills, args.seed, num_videos(args), args.parallel_envs)
+                                               args.num_eval_skills, args.seed, num_video_envs, args.parallel_envs)
     except (envs.RenderUnavailable, MemoryError) as e:
         error(e)
     space, action_dim = train_envs.single_observation_space, train_envs.single_action_space.shape[0]
@@ -342,11 +341,13 @@ def main(args, ckpt=None):
         with record_function("phi step"):  # and λ's
             negatives = sample_skills(args.num_negatives, d, device=device) if contrastive else None  # z'_j ~ p(z)
             dphi = phi(next_obs) - phi(obs)
-            phi_loss, c = metra_phi_loss(dphi, w, log_lam, args.dual_slack, args.constraint_norm)
-            phi_loss, logsumexp = contrastive_phi_loss(dphi, w, negatives, args.xi) if contrastive else (phi_loss, 0)
+            metra_loss, c = metra_phi_loss(dphi, w, log_lam, args.dual_slack, args.constraint_norm)
+            # φ minimizes METRA's loss (Eq. 5), or in the ablation METRA-C, CSF's contrastive bound (c only logged)
+            phi_loss, logsumexp = contrastive_phi_loss(dphi, w, negatives, args.xi) if contrastive else (metra_loss, 0)
             gradient_step(modules["phi_optimizer"], phi_loss)
-            if not contrastive:  # METRA-C only logs c
-                gradient_step(modules["lam_optimizer"], lam_loss := dual_loss(log_lam, c))
+            if not contrastive:  # λ steps on METRA's c
+                lam_loss = dual_loss(log_lam, c)
+                gradient_step(modules["lam_optimizer"], lam_loss)
         with record_function("qf step"):
             with torch.no_grad():
                 reward = intrinsic_reward(phi(next_obs) - phi(obs), w)
@@ -387,7 +388,8 @@ def main(args, ckpt=None):
         if epoch == num_epochs:
             break
         skills = sample_skills(args.num_envs, d, args.discrete).to(device)
-        observations, actions = [obs := train_envs.reset()[0]], []
+        obs, _ = train_envs.reset()
+        observations, actions = [obs], []
         with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
                 action = finite(actor.sample(torch.as_tensor(obs, device=device), skills)[0], epoch)
@@ -408,26 +410,29 @@ def main(args, ckpt=None):
             names = list(step_stats[0])
             per_step = torch.stack([torch.stack(list(stats.values())) for stats in step_stats])  # (steps, names)
             losses = [i for i, name in enumerate(names) if name.endswith("_loss")]
-            if (bad := ~torch.isfinite(per_step[:, losses])).any():
+            bad = ~torch.isfinite(per_step[:, losses])
+            if bad.any():
                 step, which = bad.nonzero()[0].tolist()
                 error(f"{names[losses[which]]} is {per_step[step, losses[which]].item()} at gradient step "
                       f"{grad_steps + step + 1} (epoch {epoch})", ckpt_path)
             grad_steps += len(step_stats)
-            window["stats"].append(dict(zip(names, means := per_step.mean(0))))
+            means = per_step.mean(0)
+            window["stats"].append(dict(zip(names, means)))
             window["grad_steps"] += len(step_stats)
             window["train_time"] += time.time() - train_start
             for name, value in zip(names, means.tolist()):
                 writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
-        writer.add_scalar("charts/SPS", sps := int(segment_steps / (seconds := time.time() - segment_start)), env_steps)
+        seconds = time.time() - segment_start
+        sps = int(segment_steps / seconds)
+        writer.add_scalar("charts/SPS", sps, env_steps)
         writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
         if (epoch + 1) % 10 == 0:
             last = {k: v.item() for k, v in window["stats"][-1].items()} if window["stats"] else {}
             print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {sps} | "
                   f"{duration((args.total_env_steps - env_steps) * seconds / segment_steps)} left | "
                   + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
-    for vector_env in (train_envs, eval_envs):
-        vector_env.close()
-    writer.close()
+    for opened in (train_envs, eval_envs, writer):
+        opened.close()
     if args.track:
         import wandb
         wandb.finish()
@@ -445,7 +450,8 @@ def contrastive_phi_loss(dphi, skill, negatives, xi):
 # INFRASTRUCTURE: the command line, start-up, the fast path, checkpoints, evaluation, logging.
 def parse_args(argv=None):  # the flags (unset: the paper's for the env) and any checkpoint
     args, ckpt = tyro.cli(Args, args=argv), None
-    if path := args.resume:
+    path = args.resume
+    if path:
         if not os.path.isfile(path):
             error(f"no checkpoint file at {path}")
         try:
@@ -477,7 +483,8 @@ def parse_args(argv=None):  # the flags (unset: the paper's for the env) and any
         error(f"one-hot skills need --skill-dim K >= 2, got {args.skill_dim}")
     if args.discrete and args.repr_loss == "contrastive":
         error("--repr-loss contrastive needs unit-sphere skills; add --discrete False --skill-dim D")
-    epoch = args.num_envs * (h := envs.ENV_SPECS[args.env_id].horizon)
+    h = envs.ENV_SPECS[args.env_id].horizon
+    epoch = args.num_envs * h
     if args.buffer_size < epoch:
         error(f"--buffer-size must hold one epoch (--num-envs × {h} = {epoch} transitions), got {args.buffer_size}")
     if args.total_env_steps < epoch:
@@ -497,10 +504,6 @@ def env_defaults(env_id):  # the paper's, for the env
     return {"skill_dim": SKILL_DIMS[env_id], "discrete": env_id in DISCRETE_ENVS, "total_env_steps":
             spec.total_env_steps, "num_envs": spec.num_envs, "grad_steps_per_epoch": spec.grad_steps_per_epoch,
             "buffer_size": spec.buffer_size, "eval_every": spec.eval_every}
-
-
-def num_videos(args):
-    return min(4, args.num_eval_skills) if args.capture_video else 0
 
 
 def start_run(args, ckpt):  # the run's folder, Ctrl-C as one line, W&B, TensorBoard
@@ -532,7 +535,8 @@ def check_memory(args, space, action_dim, horizon, frame_stack, device):  # or o
     gpu = [*parts][0 if args.buffer_on_device else 1:] if device.type == "cuda" else []
     for place, names in (("GPU", gpu), ("host", [name for name in parts if name not in gpu])):
         free = torch.cuda.mem_get_info(device)[0] if place == "GPU" and gpu else envs.free_host_memory()
-        if (needed := sum(parts[name] for name in names)) > free:
+        needed = sum(parts[name] for name in names)
+        if needed > free:
             error(f"this run needs at least {needed / 2**30:,.1f} GiB of {place} memory: " + ", ".join(
                 f"{name} {parts[name] / 2**30:,.1f}" for name in names) + f"; {free / 2**30:,.1f} GiB is free")
 
@@ -543,13 +547,11 @@ def adam_options(args, device):  # foreach; fused under --cudagraphs alone; capt
 
 
 class CudaGraphStep:  # warm up, record, replay
-    WARMUP = 3
-
     def __init__(self, step):
         self.step, self.calls, self.graph = step, 0, None
 
     def __call__(self, batch):
-        if self.calls < self.WARMUP:
+        if self.calls < 3:  # the warm-up, on a side stream
             self.calls, side = self.calls + 1, torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side), warnings.catch_warnings():
@@ -577,7 +579,8 @@ def save_checkpoint(path, args, run_name, epoch, grad_steps, wall_time, window, 
 
     state = {name: module.detach().cpu() if torch.is_tensor(module) else module.state_dict()
              for name, module in modules.items()}
-    if diverged := non_finite(state):
+    diverged = non_finite(state)
+    if diverged:
         error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged", path)
     rng, eval_rng, eval_generator, *vectors = streams
     state |= {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
@@ -628,11 +631,12 @@ def restore_cuda_rng(states):  # maybe fewer GPUs
 def evaluate(epoch, grad_steps, wall_time, window, args, modules, rb, streams, device, run_dir, writer):
     """Rollouts → coverage, λ, E‖Δφ‖², the window's stats (then a new one): eval.jsonl, TensorBoard, plot, video."""
     (_, eval_rng, eval_generator, _, eval_envs), spec = streams, envs.ENV_SPECS[args.env_id]
+    videos = range(min(4, args.num_eval_skills) if args.capture_video else 0)  # the evaluation envs that render
     skills = eval_skills(args.num_eval_skills, args.skill_dim, args.discrete, eval_generator)
     (obs, info), on_device, coordinates, frames = eval_envs.reset(), skills.to(device), [], []
     for t in range(spec.horizon + 1):
         coordinates.append(info["coordinates"])
-        frames += [np.concatenate(envs.render_envs(eval_envs, range(num_videos(args))), 1)] if num_videos(args) else []
+        frames += [np.concatenate(envs.render_envs(eval_envs, videos), 1)] if videos else []
         if t < spec.horizon:
             action = modules["actor"].mode(torch.as_tensor(obs, device=device), on_device)
             obs, _, _, _, info = eval_envs.step(finite(action, epoch))
@@ -660,7 +664,8 @@ def evaluate(epoch, grad_steps, wall_time, window, args, modules, rb, streams, d
     fig, z = Figure(figsize=(5, 5)), skills.numpy()
     angle = np.arctan2(z[:, 1], z[:, 0]) if args.skill_dim > 1 else np.pi * (z[:, 0] > 0)
     hue = z.argmax(-1) / z.shape[-1] if args.discrete else (angle + np.pi) / (2 * np.pi)
-    envs.draw_coordinates(ax := fig.subplots(), paths, colormaps["hsv"](hue), args.env_id)
+    ax = fig.subplots()
+    envs.draw_coordinates(ax, paths, colormaps["hsv"](hue), args.env_id)
     ax.set_title(f"METRA{'-C' * (args.repr_loss == 'contrastive')} {args.env_id}, {env_steps:,} env steps, "
                  f"coverage {result['coverage']}")
     fig.tight_layout()
