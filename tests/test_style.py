@@ -19,8 +19,8 @@ import envs
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEARNERS = [f"{name(agent)}.py" for agent in AGENTS] + ["hierarchical.py"]
 MAX_LINES, MAX_CHARACTERS, MAIN_ENDS_BEFORE = 750, 45_000, 500  # CleanRL's longest script: 682 lines
-# still above that budget (they hold the most: CSF's ablations, two high-level learners); lower these as they shrink
-OVER_BUDGET = {"hierarchical.py": (890, 54_500)}
+# still above that budget in characters (two high-level learners, SAC and PPO); lower it as it shrinks
+OVER_BUDGET = {"hierarchical.py": (750, 46_900)}
 SCRIPTS = [f"{name(agent)}.py" for agent in AGENTS] + ["goal_reaching.py", "hierarchical.py", "envs.py"]
 # documents the project draws on that a user's clone does not have: code and docs never send a reader there
 OUTSIDE_DOCUMENTS = re.compile(r"spec §|spec\.md|\.\./shared|calibration\.md|worlds\.md")
