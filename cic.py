@@ -625,7 +625,7 @@ def evaluate(epoch, grad_steps, wall_time, window, args, actor, phi, rb, eval_en
     stats = dict(zip(window["stats"][0], torch.stack(per_epoch).mean(0).tolist())) if per_epoch else {}
     stats |= {"sps": window["env_steps"] / (time.time() - window["start"])} if window["env_steps"] else {}
     stats |= {"ms_per_grad_step": 1000 * window["train_time"] / window["grad_steps"]} if window["grad_steps"] else {}
-    spec, videos = envs.ENV_SPECS[args.env_id], range(min(4, args.num_eval_skills) if args.capture_video else 0)
+    spec, videos = envs.ENV_SPECS[args.env_id], eval_envs.video_envs
     _, eval_rng, eval_generator, _ = streams
     z = torch.randn(args.num_eval_skills, args.skill_dim, generator=eval_generator)  # z ~ p(z)
     skills = z.to(device)

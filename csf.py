@@ -299,7 +299,7 @@ def main(args, ckpt=None):
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_float32_matmul_precision("high" if device.type == "cuda" else "highest")  # TF32 on a GPU
     try:  # a world that cannot render: one line
-        num_video_envs = min(4, args.num_eval_skills) if args.capture_video else 0
+        num_video_envs = 4 if args.capture_video else 0
         train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
                                                args.num_eval_skills, args.seed, num_video_envs, args.parallel_envs)
     except (envs.RenderUnavailable, MemoryError) as e:
@@ -617,7 +617,7 @@ def restore_cuda_rng(states):  # on maybe fewer GPUs
 @record_function("evaluation")
 def evaluate(epoch, grad_steps, wall_time, window, args, actor, phi, rb, eval_envs, streams, device, run_dir, writer):
     """Deterministic rollouts of fresh skills (iod/metra.py: _evaluate_policy): coverage, E‖Δφ‖², means."""
-    spec, videos = envs.ENV_SPECS[args.env_id], range(min(4, args.num_eval_skills) if args.capture_video else 0)
+    spec, videos = envs.ENV_SPECS[args.env_id], eval_envs.video_envs
     skills = sample_skills(args.num_eval_skills, args.skill_dim, streams["eval_generator"])
     (obs, info), coordinates, frames = eval_envs.reset(), [], []
     for t in range(spec.horizon + 1):  # after the reset and every step

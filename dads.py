@@ -628,7 +628,7 @@ def evaluate(epoch, grad_steps, wall_time, window, args, actor, eval_envs, eval_
         stats = dict(zip(window["stats"][0], per_epoch.mean(0).tolist()))
     stats |= {"sps": window["env_steps"] / (time.time() - window["start"])} if window["env_steps"] else {}
     stats |= {"ms_per_grad_step": 1000 * window["train_time"] / window["grad_steps"]} if window["grad_steps"] else {}
-    spec, videos = envs.ENV_SPECS[args.env_id], range(min(4, args.num_eval_skills) if args.capture_video else 0)
+    spec, videos = envs.ENV_SPECS[args.env_id], eval_envs.video_envs
     skills = sample_skills(args.num_eval_skills, args.skill_dim, eval_generator)
     obs, info = eval_envs.reset()
     coordinates = [info["coordinates"]]

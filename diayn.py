@@ -306,7 +306,7 @@ def main(args, ckpt=None):
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # TF32
     try:  # a world that cannot render: one line
-        num_video_envs = min(4, args.num_eval_skills) if args.capture_video else 0
+        num_video_envs = 4 if args.capture_video else 0
         train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
                                                args.num_eval_skills, args.seed, num_video_envs, args.parallel_envs)
     except (envs.RenderUnavailable, MemoryError) as e:
@@ -611,7 +611,7 @@ def eval_skills(n, skill_dim, gaussian, generator):  # the K one-hots in turn, s
 def evaluate(epoch, grad_steps, wall_time, window, args, actor, phi, rb, eval_envs, streams, device, run_dir, writer):
     """Deterministic rollouts (iod/metra.py: _evaluate_policy) → coverage, plot, disc_*, video, a line of eval.jsonl."""
     spec, gaussian = envs.ENV_SPECS[args.env_id], args.env_id in GAUSSIAN_ENVS
-    videos = range(min(4, args.num_eval_skills) if args.capture_video else 0)
+    videos = eval_envs.video_envs
     skills = eval_skills(args.num_eval_skills, args.skill_dim, gaussian, streams["eval_generator"])
     obs, info = eval_envs.reset()
     coordinates, frames, skills_on_device = [info["coordinates"]], [], skills.to(device)

@@ -1400,9 +1400,9 @@ def free_host_memory():
 def make_envs(make, num_envs, num_eval_envs, seed, num_video_envs=0, parallel=True):
     """A run's training and evaluation vector envs, reset with `seed` and `seed + 10_000`; both never reset on their
     own. `make(render_mode)` builds one env (e.g. functools.partial(make_env, "Ant")); the first `num_video_envs`
-    evaluation envs get "rgb_array", and the first of them renders once, to fail now rather than at the first
-    evaluation (RenderUnavailable). ParallelVectorEnvs with `parallel`, else SyncVectorEnvs, as the agents built.
-    Returns (train_envs, eval_envs). MemoryError, before any env is built, if they cannot fit in the free memory."""
+    evaluation envs get "rgb_array" (eval_envs.video_envs), and the first of them renders once, to fail now rather than
+    at the first evaluation (RenderUnavailable). ParallelVectorEnvs with `parallel`, else SyncVectorEnvs, as the agents
+    built. Returns (train_envs, eval_envs). MemoryError, before any env is built, if they cannot fit in free memory."""
     def vector(env_fns):
         if parallel:
             return ParallelVectorEnv(env_fns)
@@ -1419,6 +1419,7 @@ def make_envs(make, num_envs, num_eval_envs, seed, num_video_envs=0, parallel=Tr
                             for i in range(num_eval_envs)]))
         made[0].reset(seed=seed)
         made[1].reset(seed=seed + 10_000)
+        made[1].video_envs = range(min(num_video_envs, num_eval_envs))  # the evaluation envs that render
         if num_video_envs > 0:
             render_envs(made[1], [0])
     except BaseException:

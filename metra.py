@@ -303,7 +303,7 @@ def main(args, ckpt=None):
     eval_generator = torch.Generator().manual_seed(args.seed + 1)  # evaluation's own streams
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_float32_matmul_precision("high" if device.type == "cuda" else "highest")
-    num_video_envs = min(4, args.num_eval_skills) if args.capture_video else 0  # the first evaluation envs
+    num_video_envs = 4 if args.capture_video else 0  # the first evaluation envs
     try:
         train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
                                                args.num_eval_skills, args.seed, num_video_envs, args.parallel_envs)
@@ -631,7 +631,7 @@ def restore_cuda_rng(states):  # maybe fewer GPUs
 def evaluate(epoch, grad_steps, wall_time, window, args, modules, rb, streams, device, run_dir, writer):
     """Rollouts → coverage, λ, E‖Δφ‖², the window's stats (then a new one): eval.jsonl, TensorBoard, plot, video."""
     (_, eval_rng, eval_generator, _, eval_envs), spec = streams, envs.ENV_SPECS[args.env_id]
-    videos = range(min(4, args.num_eval_skills) if args.capture_video else 0)  # the evaluation envs that render
+    videos = eval_envs.video_envs  # the evaluation envs that render
     skills = eval_skills(args.num_eval_skills, args.skill_dim, args.discrete, eval_generator)
     (obs, info), on_device, coordinates, frames = eval_envs.reset(), skills.to(device), [], []
     for t in range(spec.horizon + 1):

@@ -304,7 +304,7 @@ def main(args, ckpt=None):
     try:  # never reset on their own: trajectories of the horizon
         train_envs, eval_envs = envs.make_envs(
             functools.partial(envs.make_env, args.env_id), args.num_envs, args.num_eval_skills, args.seed,
-            min(4, args.num_eval_skills) if args.capture_video else 0, args.parallel_envs)
+            4 if args.capture_video else 0, args.parallel_envs)
     except (envs.RenderUnavailable, MemoryError) as e:
         error(e)
     space = train_envs.single_observation_space  # a state vector, or stacked 64×64 RGB frames
@@ -620,8 +620,8 @@ def restore_cuda_rng(states):
 @record_function("evaluation")
 def evaluate(epoch, grad_steps, wall_time, window, args, modules, rb, streams, device, run_dir, writer):
     """Deterministic rollouts of fresh skills: coverage, mean ê(s)ᵀz, `window`'s stats to eval.jsonl; plot, video."""
-    spec, videos = envs.ENV_SPECS[args.env_id], range(min(4, args.num_eval_skills) if args.capture_video else 0)
     actor, phi, (_, eval_rng, eval_generator, _, eval_envs) = modules["actor"], modules["phi"], streams
+    spec, videos = envs.ENV_SPECS[args.env_id], eval_envs.video_envs
     skills = sample_skills(args.num_eval_skills, args.skill_dim, eval_generator)
     (obs, info), coordinates, frames = eval_envs.reset(), [], []
     for step in range(spec.horizon + 1):  # the state after reset and after every step
