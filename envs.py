@@ -1007,11 +1007,15 @@ def make_env(env_id, render_mode=None, render_quality=None):
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
     """The facts the hierarchical learner needs about a downstream task (the official
-    scripts/hierarchical_control/*.sh)."""
+    scripts/hierarchical_control/*.sh); a hierarchical.py flag left unset takes these values. The budget is this
+    project's (the official scripts set none): 10 evaluations after epoch 0 at the official state-task period."""
 
     base: str  # the pretraining env (ENV_SPECS key) whose skills the task reuses
     extra_dims: int  # task dims after the base observation; the child policy sees the observation without them
     algo: str  # high-level learner: "sac" or "ppo"
+    num_envs: int  # high-level episodes (200 env steps) collected per epoch
+    grad_steps_per_epoch: int
+    total_env_steps: int  # the budget: 2,500 SAC or 1,000 PPO epochs
     eval_every: int  # epochs between evaluations
     buffer_size: int  # high-level SAC replay capacity in transitions (0: PPO keeps no replay)
     goal_range: float  # goals (and AntMultiGoal's steps between goals) are drawn from U(-goal_range, goal_range)
@@ -1019,11 +1023,11 @@ class TaskSpec:
 
 
 TASKS = {
-    "AntMultiGoal": TaskSpec("Ant", 2, "sac", 100, 1_000_000, 7.5, 3.0),
-    "HalfCheetahGoal": TaskSpec("HalfCheetah", 1, "ppo", 100, 0, 100.0, 3.0),
-    "HalfCheetahHurdle": TaskSpec("HalfCheetah", 2, "ppo", 100, 0, 0.0, 0.0),
-    "QuadrupedGoal": TaskSpec("Quadruped", 2, "sac", 25, 300_000, 7.5, 1.5),
-    "HumanoidGoal": TaskSpec("Humanoid", 2, "sac", 25, 300_000, 5.0, 1.5),
+    "AntMultiGoal": TaskSpec("Ant", 2, "sac", 8, 50, 4_000_000, 100, 1_000_000, 7.5, 3.0),
+    "HalfCheetahGoal": TaskSpec("HalfCheetah", 1, "ppo", 64, 10, 12_800_000, 100, 0, 100.0, 3.0),
+    "HalfCheetahHurdle": TaskSpec("HalfCheetah", 2, "ppo", 64, 10, 12_800_000, 100, 0, 0.0, 0.0),
+    "QuadrupedGoal": TaskSpec("Quadruped", 2, "sac", 8, 50, 4_000_000, 25, 300_000, 7.5, 1.5),
+    "HumanoidGoal": TaskSpec("Humanoid", 2, "sac", 8, 50, 4_000_000, 25, 300_000, 5.0, 1.5),
 }
 ANT_GOALS = 4  # AntMultiGoal's goals per episode
 ANT_GOAL_STEPS = 50  # low-level steps per AntMultiGoal goal
@@ -1167,6 +1171,16 @@ def make_task(task, render_mode=None, render_quality=None):
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     return gym.make(f"cleanmisl/{task}-v0", render_mode=render_mode, render_quality=render_quality)
+
+
+def skill_view(task, obs):
+    """What the pretrained skills see of `task`'s observation `obs` (a batch, or the observation space): the base
+    world's observation, without the task's dims (a pixel task's "pixels")."""
+    if isinstance(obs, (dict, gym.spaces.Dict)):
+        return obs["pixels"]
+    if isinstance(obs, gym.spaces.Box):
+        return gym.spaces.Box(-np.inf, np.inf, (obs.shape[0] - TASKS[task].extra_dims,), np.float32)
+    return obs[..., :-TASKS[task].extra_dims]
 
 
 # ---------------------------------------------------------------- gymnasium ids
@@ -1486,9 +1500,10 @@ def encoders_in_bf16(*networks):
                 module.bf16 = True
 
 
-def draw_coordinates(ax, coordinates, colors, env_id=None):
+def draw_coordinates(ax, coordinates, colors, env_id=None, goals=()):
     """Draw the evaluation `coordinates` (rollouts, steps, coord_dim) on the matplotlib axes `ax`, rollout i in
-    colors[i] (RGBA), as every agent's skill plot shows them.
+    colors[i] (RGBA), as every agent's skill plot shows them; goals[i], if given, holds rollout i's goals (one per
+    row), each a star in its colour (for x-only worlds, at the path's last step).
 
     Kitchen: a grid of rollouts × KITCHEN_TASKS, a cell in its rollout's colour where the rollout achieved
     the task at some step. Robobin: the hand's (x, y) path from above, each block's last (x, y) a dot.
@@ -1509,9 +1524,13 @@ def draw_coordinates(ax, coordinates, colors, env_id=None):
         ax.set_ylabel("hand y")
         ax.set_aspect("equal")
         return
-    planar = np.shape(coordinates)[-1] == 2
+    planar = np.shape(coordinates[0])[-1] == 2  # the paths may differ in length
     for path, color in zip(coordinates, colors):
         ax.plot(path[:, 0], path[:, 1] if planar else np.arange(len(path)), color=color, lw=1)
+    for path, color, points in zip(coordinates, colors, goals):
+        for point in points:
+            ax.plot(*(point if planar else (point[0], len(path) - 1)), marker="*", color=color, ms=9, mec="black",
+                    mew=0.5)
     ax.set_xlabel("x")
     ax.set_ylabel("y" if planar else "env step")
     ax.set_aspect("equal" if planar else "auto")

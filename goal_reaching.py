@@ -318,19 +318,9 @@ def plot_tasks(per_goal, tasks, path, title):
 
 def plot_episodes(episodes, goals, path, title):
     """Each episode's trajectory in its goal's colour, the goal a star (x against time for 1-D worlds)."""
-    colors = plt.cm.hsv(np.linspace(0, 1, len(goals), endpoint=False))
     fig, ax = plt.subplots(figsize=(5, 5))
-    for (start, positions), goal, color in zip(episodes, goals, colors):
-        xy = np.concatenate([start[None], positions])
-        if xy.shape[-1] == 2:
-            ax.plot(xy[:, 0], xy[:, 1], color=color, lw=0.8)
-            ax.plot(*goal, marker="*", color=color, ms=9, mec="black", mew=0.5)
-        else:
-            ax.plot(xy[:, 0], np.arange(len(xy)), color=color, lw=0.8)
-            ax.plot(goal[0], len(xy) - 1, marker="*", color=color, ms=9, mec="black", mew=0.5)
-    ax.set_xlabel("x")
-    ax.set_ylabel("y" if goals.shape[-1] == 2 else "env step")
-    ax.set_aspect("equal" if goals.shape[-1] == 2 else "auto")
+    paths = [np.concatenate([start[None], positions]) for start, positions in episodes]
+    envs.draw_coordinates(ax, paths, plt.cm.hsv(np.linspace(0, 1, len(goals), endpoint=False)), goals=goals[:, None])
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     write_atomically(path, lambda temporary: fig.savefig(temporary, dpi=100, format="png"))

@@ -1,11 +1,10 @@
-"""Hierarchical control over a pretrained agent's frozen skills, in one file: "Can a MISL Fly? Analysis and Ingredients
+"""Hierarchical control over a pretrained agent's frozen skills: "Can a MISL Fly? Analysis and Ingredients
 for Mutual Information Skill Learning" (Zheng, Tuyls, Peng and Eysenbach, ICLR 2025), §6.4 and App. B.5.
 
-Every K = 25 env steps a high-level policy π_h(a | s) picks a skill z for the agent's frozen skill policy π(· | s, z)
-(its script's Actor), run as tanh(mean) on the observation without the task's goal dims. An episode is 8 high-level
-steps (200 env steps), the last terminal, each rewarded R = Σ_{t<K} r_t. As in the official garagei/envs/
-child_policy_env.py, z = a/‖a‖ (CSF, METRA, VISR), 1.5·a (CIC, DADS) or onehot(a) (DIAYN, one-hot METRA: a categorical
-π_h). π_h maximizes E[Σ_k γ^k R_k] by
+Every K = 25 env steps a high-level policy π_h(a | s) picks a skill z for the agent's frozen π(· | s, z) (its script's
+Actor, as tanh(mean), on the observation without the task's dims). An episode is 8 high-level steps (200 env steps),
+the last terminal, each rewarded R = Σ_{t<K} r_t. As in the official garagei/envs/child_policy_env.py, z = a/‖a‖ (CSF,
+METRA, VISR), 1.5·a (CIC, DADS) or onehot(a) (DIAYN, one-hot METRA: a categorical π_h). π_h maximizes E[Σ_k γ^k R_k] by
   SAC (AntMultiGoal, QuadrupedGoal, HumanoidGoal): twin Qs on y = R + γ(1 - done)(min_i Q̄_i(s', a') - α log π_h(a'|s'))
     without gradient, π_h on E[α log π_h(a|s) - min_i Q_i(s, a)], α towards the entropy -|A|/2 (one-hot: Q(s, ·)
     over the K skills, expectations under π_h(·|s), entropy +log K); or
@@ -24,7 +23,6 @@ Deliberate differences from the official code (github.com/Princeton-RL/contrasti
 """
 
 import contextlib
-import copy
 import functools
 import hashlib
 import importlib
@@ -57,9 +55,7 @@ AGENT = "hierarchical"
 SKILL_STEPS, HIGH_HORIZON = 25, 8  # env steps per skill, skills per episode
 CHILD_AGENTS = ("csf", "metra", "diayn", "visr", "cic", "dads")
 Task = Literal["AntMultiGoal", "HalfCheetahGoal", "HalfCheetahHurdle", "QuadrupedGoal", "HumanoidGoal"]
-# 2,500 SAC or 1,000 PPO epochs: 10 evaluations after epoch 0 at the official periods
-ALGO_DEFAULTS = {"sac": {"num_envs": 8, "grad_steps_per_epoch": 50, "total_env_steps": 4_000_000},
-                 "ppo": {"num_envs": 64, "grad_steps_per_epoch": 10, "total_env_steps": 12_800_000}}
+TASK_FLAGS = ("num_envs", "grad_steps_per_epoch", "total_env_steps", "eval_every", "buffer_size")  # unset: the task's
 
 
 @dataclass
@@ -100,7 +96,7 @@ FLAG_RANGES = {flag: interval for interval, flags in {
                 "num_eval_episodes", "[0, inf)": "grad_steps_per_epoch learning_starts entropy_coef",
     "(0, inf)": "lr alpha_init clip", "[0, 2147483647]": "seed", "[0, 1)": "gamma", "(0, 1]": "tau",
     "[0, 1]": "gae_lambda"}.items() for flag in flags.split()}
-# What --resume may change: learning and the random streams do not depend on them.
+# What --resume may change: nothing learned depends on them.
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs", "track",
                      "wandb_project_name", "wandb_entity", "compile", "cudagraphs")
 
@@ -220,32 +216,23 @@ class QNetwork(nn.Module):  # Q(s, a) ∈ R, Q(s, ·) ∈ R^K (one-hot), or V(s)
         return out.squeeze(-1) if out.shape[-1] == 1 else out
 
 
-def optimize(optimizer, loss):
+def optimize(optimizer, loss):  # a gradient flows through the other networks, not into them
     optimizer.zero_grad()
-    loss.backward()
+    loss.backward(inputs=optimizer.param_groups[0]["params"])
     optimizer.step()
-
-
-@contextlib.contextmanager
-def frozen(modules):  # no gradient into their weights, only through them
-    for module in modules:
-        module.requires_grad_(False)
-    yield
-    for module in modules:
-        module.requires_grad_(True)
 
 
 def as_tensor(array, device):  # an array (or dict of them) on `device`; pinned, not waiting
     if isinstance(array, dict):
         return {key: as_tensor(value, device) for key, value in array.items()}
     tensor = torch.as_tensor(array)
-    return tensor.pin_memory().to(device, non_blocking=True) if torch.device(device).type == "cuda" else tensor
+    return tensor.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else tensor
 
 
 class EpisodeBuffer:  # a ring of whole episodes; (s, a, R, s', done) drawn with replacement
     def __init__(self, capacity, space, skill_dim, discrete, rng):
         self.dict_obs, self.rng, self.pos, self.num_stored = isinstance(space, gym.spaces.Dict), rng, 0, 0
-        n, spaces = max(capacity // HIGH_HORIZON, 1), space.spaces if self.dict_obs else {"obs": space}  # pixels + goal
+        n, spaces = max(capacity // HIGH_HORIZON, 1), space.spaces if self.dict_obs else {"obs": space}
         self.obs = {key: np.zeros((n, HIGH_HORIZON + 1, *s.shape), s.dtype) for key, s in spaces.items()}
         shape, dtype = ((n, HIGH_HORIZON), np.int64) if discrete else ((n, HIGH_HORIZON, skill_dim), np.float32)
         self.actions, self.rewards = np.zeros(shape, dtype), np.zeros((n, HIGH_HORIZON), np.float32)
@@ -266,7 +253,7 @@ class EpisodeBuffer:  # a ring of whole episodes; (s, a, R, s', done) drawn with
                           "reward": self.rewards[episode, t], "done": (t == HIGH_HORIZON - 1).astype(np.float32)},
                          device)
 
-    def state_dict(self):  # tensors: torch.save copies arrays
+    def state_dict(self):
         n = self.num_stored
         return {"pos": self.pos, "num_stored": n, "obs": {k: torch.from_numpy(v[:n]) for k, v in self.obs.items()},
                 "actions": torch.from_numpy(self.actions[:n]), "rewards": torch.from_numpy(self.rewards[:n])}
@@ -279,16 +266,15 @@ class EpisodeBuffer:  # a ring of whole episodes; (s, a, R, s', done) drawn with
 
 
 @torch.no_grad()
-def run_episodes(vec_env, policy, child, kind, skill_dim, extra_dims, device, deterministic=False):
+def run_episodes(vec_env, policy, child, kind, skill_dim, task, device, deterministic=False):
     """One high-level episode per env: π_h's skill (sampled, or its mode) run by the child 25 steps at a time."""
     obs, info = vec_env.reset()
     observations, steps, coordinates, goals = [obs], [], [info["coordinates"]], [info.get("goal")]
     for step in range(HIGH_HORIZON):
         action, log_prob, raw = policy.sample(as_tensor(obs, device), deterministic)
         skill, reward = action_to_skill(action, kind, skill_dim), np.zeros(vec_env.num_envs)
-        for t in range(SKILL_STEPS):  # the child sees the observation without the task's dims
-            child_obs = as_tensor(obs["pixels"] if isinstance(obs, dict) else obs[..., :-extra_dims], device)
-            low_action = child.mode(child_obs, skill).cpu().numpy()
+        for t in range(SKILL_STEPS):
+            low_action = child.mode(as_tensor(envs.skill_view(task, obs), device), skill).cpu().numpy()
             if not np.isfinite(low_action).all():  # the envs refuse NaN and inf
                 error("the child's action is not finite: the high-level policy's networks diverged")
             obs, r, terminated, truncated, info = vec_env.step(low_action)
@@ -302,13 +288,13 @@ def run_episodes(vec_env, policy, child, kind, skill_dim, extra_dims, device, de
     action, log_prob, raw, reward = (np.stack(values, 1) for values in zip(*steps))
     return {"obs": {k: np.stack([o[k] for o in observations], 1) for k in obs} if isinstance(obs, dict) else {
             "obs": np.stack(observations, 1)}, "action": action, "log_prob": log_prob, "raw": raw, "reward": reward,
-            "coordinates": np.stack(coordinates, 1), "goals": None if goals[0] is None else np.stack(goals, 1)}
+            "coordinates": np.stack(coordinates, 1), "goals": [] if goals[0] is None else np.stack(goals, 1)}
 
 
 def main(args, child_ckpt, ckpt=None):
     """Epoch by epoch: evaluate, collect an episode per env over the frozen child, learn (SAC or PPO), checkpoint."""
-    task, sac = envs.TASKS[args.task], envs.TASKS[args.task].algo == "sac"
-    steps_per_epoch = args.num_envs * SKILL_STEPS * HIGH_HORIZON  # env steps
+    sac = envs.TASKS[args.task].algo == "sac"
+    steps_per_epoch = args.num_envs * SKILL_STEPS * HIGH_HORIZON
     num_epochs = args.total_env_steps // steps_per_epoch
     run_name, run_dir, writer = start_run(args, child_ckpt, ckpt)
     torch.manual_seed(args.seed)
@@ -321,12 +307,13 @@ def main(args, child_ckpt, ckpt=None):
     except (envs.RenderUnavailable, MemoryError) as e:
         error(e)
     space = train_envs.single_observation_space  # state (or pixels) + the task's dims
-    child = frozen_child(args.checkpoint, child_ckpt, train_envs, task.extra_dims, device)
+    child = frozen_child(args, child_ckpt, train_envs, device)
     kind, skill_dim = skill_kind(child_ckpt), child_ckpt["args"]["skill_dim"]
     discrete = kind == "one-hot"  # a categorical π_h over the K skills
     check_memory(args, space, skill_dim, sac, device)
     policy = (CategoricalPolicy if discrete else GaussianPolicy)(space, skill_dim, args.hidden_dim).to(device)
-    adam = adam_options(args, sac, device)
+    adam = {"lr": args.lr, "fused": (sac and args.cudagraphs and not args.compile) or None,  # SAC's fast path
+            "foreach": (sac and args.compile) or None, "capturable": sac and args.cudagraphs and device.type == "cuda"}
     policy_optimizer = torch.optim.Adam(policy.parameters(), **adam)
     modules = {"policy": policy, "policy_optimizer": policy_optimizer}  # the checkpoint's keys
     if sac:
@@ -347,19 +334,18 @@ def main(args, child_ckpt, ckpt=None):
         value_optimizer = torch.optim.Adam(value.parameters(), **adam)
         modules |= {"value": value, "value_optimizer": value_optimizer}
     start_epoch, grad_steps, wall_time, since_eval, eval_returns = restore_checkpoint(
-        ckpt, args, modules, rng, (train_envs, eval_envs), device) if ckpt else (0, 0, 0.0, new_window(), [])
+        ckpt, args, modules, adam, rng, (train_envs, eval_envs), device) if ckpt else (0, 0, 0.0, new_window(), [])
     collect = functools.partial(run_episodes, policy=policy, child=child, kind=kind, skill_dim=skill_dim,
-                                extra_dims=task.extra_dims, device=device)
+                                task=args.task, device=device)
 
     def sac_update(batch):
         """iod/sac.py: the twin Qs on y, π_h on min_i Q_i + α H(π_h), α towards H̄, then Q̄; stats on the device."""
         alpha = log_alpha.exp().detach()
         qf_loss, q = critic_loss(qf, qf_target, policy, batch, alpha, args.gamma, discrete)
         optimize(qf_optimizer, qf_loss)
-        with frozen(qf):  # the gradient flows through Q, not into it
-            soft_q, log_prob = soft_value(policy, qf, batch["obs"], alpha, discrete)
-            actor_loss = -soft_q.mean()
-            optimize(policy_optimizer, actor_loss)
+        soft_q, log_prob = soft_value(policy, qf, batch["obs"], alpha, discrete)
+        actor_loss = -soft_q.mean()
+        optimize(policy_optimizer, actor_loss)
         alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()  # L(α) = -E[log α (log π_h + H̄)]
         optimize(alpha_optimizer, alpha_loss)
         with torch.no_grad():  # Q̄ ← (1 - τ) Q̄ + τ Q
@@ -367,7 +353,7 @@ def main(args, child_ckpt, ckpt=None):
         return {"qf_loss": qf_loss.detach(), "actor_loss": actor_loss.detach(), "alpha_loss": alpha_loss.detach(),
                 "alpha": alpha, "q": q.mean().detach()}
     if not sac and (args.compile or args.cudagraphs):
-        print("--compile and --cudagraphs apply to SAC's gradient step; this PPO task runs without them", flush=True)
+        print("--compile and --cudagraphs speed up SAC alone; this PPO task runs without them", flush=True)
     elif args.cudagraphs and device.type != "cuda":
         print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them", flush=True)
     if sac and args.compile:  # on a CPU, with eager's random draws
@@ -378,14 +364,13 @@ def main(args, child_ckpt, ckpt=None):
 
     def ppo_update(episodes):
         """iod/ppo.py: GAE on the episodes, then per minibatch a step of π_h on the clipped surrogate and one of V."""
-        states = episodes["obs"]["obs"][:, :-1]  # (E, T, dims): PPO's tasks have no pixels
-        states = as_tensor(states.reshape(-1, states.shape[-1]), device)
+        states = as_tensor(episodes["obs"]["obs"][:, :-1], device).flatten(0, 1)  # PPO's tasks have no pixels
+        rewards, raws, old_log_probs = (as_tensor(episodes[key], device) for key in ("reward", "raw", "log_prob"))
+        raws, old_log_probs = raws.flatten(0, 1), old_log_probs.flatten()  # raws: skill indices, or pre-tanh actions
         with torch.no_grad():
-            values = value(states).reshape(len(episodes["reward"]), HIGH_HORIZON)
-        advantages, returns = gae(as_tensor(episodes["reward"], device), values, args.gamma, args.gae_lambda)
-        raws = as_tensor(episodes["raw"], device).flatten(0, 1)  # skill indices, or pre-tanh actions
-        old_log_probs = as_tensor(episodes["log_prob"], device).reshape(-1)
-        advantages, returns, step_stats = advantages.reshape(-1), returns.reshape(-1), []
+            values = value(states).reshape(rewards.shape)
+        advantages, returns = (x.flatten() for x in gae(rewards, values, args.gamma, args.gae_lambda))
+        step_stats = []
         for _ in range(args.grad_steps_per_epoch):
             i = as_tensor(rng.integers(0, len(returns), args.batch_size), device)
             obs = states[i]
@@ -435,7 +420,7 @@ def main(args, child_ckpt, ckpt=None):
     print(f"done: {run_dir}")
 
 
-# INFRASTRUCTURE: command line, the child, start-up, CUDA graphs, checkpoints, evaluation, logs
+# INFRASTRUCTURE: command line, the child, CUDA graphs, checkpoints, evaluation, logs
 def parse_args(argv=None):  # the flags (unset: the task's; --resume: the run's), the child, the checkpoint
     args, ckpt = tyro.cli(Args, args=argv), None
     if args.resume:
@@ -448,10 +433,12 @@ def parse_args(argv=None):  # the flags (unset: the task's; --resume: the run's)
         for flag, trained in ckpt["args"].items():
             if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
                 error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
-    task, sac = envs.TASKS[args.task], envs.TASKS[args.task].algo == "sac"
-    for flag, value in {"buffer_size": task.buffer_size, "eval_every": task.eval_every, **ALGO_DEFAULTS[task.algo],
-                        "checkpoint_every": args.eval_every or task.eval_every}.items():
-        setattr(args, flag, value if getattr(args, flag) is None else getattr(args, flag))
+    task = envs.TASKS[args.task]
+    sac = task.algo == "sac"
+    for flag in TASK_FLAGS:
+        if getattr(args, flag) is None:
+            setattr(args, flag, getattr(task, flag))
+    args.checkpoint_every = args.eval_every if args.checkpoint_every is None else args.checkpoint_every
     for flag, interval in FLAG_RANGES.items():  # PPO keeps no replay buffer
         low, high, value = *(float(end) for end in interval[1:-1].split(",")), getattr(args, flag)
         if (sac or flag != "buffer_size") and not ((low <= value if interval[0] == "[" else low < value) and (
@@ -464,8 +451,8 @@ def parse_args(argv=None):  # the flags (unset: the task's; --resume: the run's)
     if sac and args.buffer_size < per_epoch:
         error(f"--buffer-size must hold one epoch ({per_epoch} transitions), got {args.buffer_size}")
     if sac and args.grad_steps_per_epoch and args.learning_starts > min(transitions, args.buffer_size):
-        error(f"--learning-starts must be at most --buffer-size and the run's {transitions} high-level transitions, or "
-              f"the run never learns; got {args.learning_starts}")
+        error(f"--learning-starts must be at most --buffer-size and the run's {transitions} transitions (else no "
+              f"gradient step), got {args.learning_starts}")
     if ckpt and args.total_env_steps // epoch <= ckpt["epoch"]:
         error(f"{args.resume} has already trained for {ckpt['epoch'] * epoch} env steps; give a larger "
               "--total-env-steps to continue it")
@@ -502,21 +489,20 @@ def load_file(path, task=None):  # (path, checkpoint); with `task`, a checked ch
     diverged = non_finite(ckpt["actor"])
     if diverged:
         error(f"{path} holds NaN or infinite weights (actor.{diverged[0]}): its run diverged")
-    ckpt["actor_sha256"] = hashlib.sha256(b"".join(key.encode() + value.detach().cpu().contiguous().numpy().tobytes()
-                                                   for key, value in sorted(ckpt["actor"].items()))).hexdigest()
+    weights = [key.encode() + value.contiguous().numpy().tobytes() for key, value in sorted(ckpt["actor"].items())]
+    ckpt["actor_sha256"] = hashlib.sha256(b"".join(weights)).hexdigest()
     return path, ckpt
 
 
-def frozen_child(path, child_ckpt, vector_env, extra_dims, device):  # π(· | s, z): its script's Actor, frozen
-    agent, child_args, space = child_ckpt["agent"], child_ckpt["args"], vector_env.single_observation_space
-    child_space = space["pixels"] if isinstance(space, gym.spaces.Dict) else gym.spaces.Box(
-        -np.inf, np.inf, (space.shape[0] - extra_dims,), np.float32)
-    child = importlib.import_module(agent).Actor(child_space, vector_env.single_action_space.shape[0],
-                                                 child_args["skill_dim"], child_args["hidden_dim"]).to(device)
+def frozen_child(args, child_ckpt, vector_env, device):  # π(· | s, z): its script's Actor, frozen
+    agent, child_args = child_ckpt["agent"], child_ckpt["args"]
+    child = importlib.import_module(agent).Actor(
+        envs.skill_view(args.task, vector_env.single_observation_space), vector_env.single_action_space.shape[0],
+        child_args["skill_dim"], child_args["hidden_dim"]).to(device)
     try:
         child.load_state_dict(child_ckpt["actor"])
     except RuntimeError as e:  # torch's last line names a tensor
-        error(f"{path}'s actor does not fit {agent}.py's network ({str(e).splitlines()[-1].strip()})")
+        error(f"{args.checkpoint}'s actor does not fit {agent}.py's network ({str(e).splitlines()[-1].strip()})")
     return child.requires_grad_(False).eval()
 
 
@@ -530,12 +516,12 @@ def start_run(args, child_ckpt, ckpt):  # the run's folder, Ctrl-C, W&B, TensorB
         import wandb
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name)
-    # TensorBoard writes from a thread: a failed write raises at the next add_scalar
+    # a failed TensorBoard write (in a thread) raises at the next add_scalar
     threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
     writer = SummaryWriter(run_dir)
     table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    resolved = ("buffer_size",) * (algo == "sac") + ("eval_every", *ALGO_DEFAULTS[algo], "checkpoint_every")
+    resolved = [flag for flag in (*TASK_FLAGS, "checkpoint_every") if algo == "sac" or flag != "buffer_size"]
     flags = ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}" for flag in resolved)
     print(f"{args.task} over {child_ckpt['agent']} skills ({algo.upper()}, {HIGH_HORIZON} × {SKILL_STEPS} steps): "
           f"{flags}" + (" (the run's own)" if ckpt else " (a flag left unset: the task's)"), flush=True)
@@ -546,10 +532,10 @@ def check_memory(args, space, skill_dim, sac, device):  # refuses what cannot fi
     spaces = space.spaces.values() if isinstance(space, gym.spaces.Dict) else [space]
     obs_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in spaces)
     episode_bytes = (HIGH_HORIZON + 1) * obs_bytes + HIGH_HORIZON * (8 + 4 * skill_dim)  # lower bounds
+    batch_floats = 2 * sum(math.prod(s.shape) for s in spaces) + 8 * args.hidden_dim
     host = {"the episode buffer (--buffer-size)": max(args.buffer_size // HIGH_HORIZON, 1) * episode_bytes * sac}
     on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (3 * 4 + 2 if sac else 2 * 4),
-                 "one batch (--batch-size)": 4 * args.batch_size * (2 * sum(math.prod(s.shape) for s in spaces)
-                                                                    + 8 * args.hidden_dim)}
+                 "one batch (--batch-size)": 4 * args.batch_size * batch_floats}
     places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": host | on_device}
     for place, parts in places.items():
         free = torch.cuda.mem_get_info(device)[0] if place == "GPU" else envs.free_host_memory()
@@ -558,27 +544,22 @@ def check_memory(args, space, skill_dim, sac, device):  # refuses what cannot fi
                 f"{name} {size / 2**30:,.1f}" for name, size in parts.items()) + f"; {free / 2**30:,.1f} GiB is free")
 
 
-def adam_options(args, sac, device):  # SAC: foreach, fused under --cudagraphs alone, capturable in graphs
-    return {"lr": args.lr, "fused": (sac and args.cudagraphs and not args.compile) or None,
-            "foreach": (sac and args.compile) or None, "capturable": sac and args.cudagraphs and device.type == "cuda"}
-
-
 class CudaGraphStep:  # 3 warm-up steps, then one recorded as a CUDA graph
     def __init__(self, step):
         self.step, self.calls, self.graph = step, 0, None
+        warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")  # in the warm-up
 
     def __call__(self, batch):
         if self.calls < 3:
             self.calls += 1
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")
+            with torch.cuda.stream(side):
                 stats = self.step(batch)
             torch.cuda.current_stream().wait_stream(side)
             return stats
         if self.graph is None:
-            self.batch, self.graph = copy.deepcopy(batch), torch.cuda.CUDAGraph()
+            self.batch, self.graph = batch, torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self.stats = self.step(self.batch)
         self.refill(self.batch, batch)
@@ -597,13 +578,12 @@ def save_checkpoint(run_dir, args, run_name, child_ckpt, epoch, grad_steps, wall
     broken = non_finite({name: value for name, value in state.items() if name != "buffer"})
     if broken:  # e.g. Adam's moments overflowed
         error(f"{broken[0]} holds NaN or inf at epoch {epoch} ({len(broken)} tensors do): the run diverged", run_dir)
-    state |= {"agent": AGENT, "args": asdict(args), "child_agent": child_ckpt["agent"],
-              "child_actor_sha256": child_ckpt["actor_sha256"], "run_name": run_name, "epoch": epoch,
-              "grad_steps": grad_steps, "wall_time": wall_time, "eval_returns": eval_returns,
-              "torch_rng": torch.get_rng_state(), "numpy_rng": rng.bit_generator.state,
+    state |= {"agent": AGENT, "args": asdict(args), "child_agent": child_ckpt["agent"], "run_name": run_name,
+              "child_actor_sha256": child_ckpt["actor_sha256"], "epoch": epoch, "grad_steps": grad_steps,
+              "wall_time": wall_time, "eval_returns": eval_returns, "torch_rng": torch.get_rng_state(),
+              "numpy_rng": rng.bit_generator.state, "since_eval": {**window, "start": time.time() - window["start"]},
               "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
-              "env_rngs": [rng_state for vector in vector_envs for rng_state in envs.env_rng_states(vector)],
-              "since_eval": {**window, "start": time.time() - window["start"]}}
+              "env_rngs": [rng_state for vector in vector_envs for rng_state in envs.env_rng_states(vector)]}
     write_atomically(os.path.join(run_dir, "checkpoint.pt"), lambda tmp: torch.save(state, tmp), run_dir)
 
 
@@ -614,11 +594,10 @@ def non_finite(state, prefix=""):  # the names of NaN or inf tensors in a state 
     return [name for key, value in items for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
 
 
-def restore_checkpoint(ckpt, args, modules, rng, vector_envs, device):  # another version's: one line
+def restore_checkpoint(ckpt, args, modules, adam, rng, vector_envs, device):  # another version's: one line
     try:
-        for name, module in modules.items():  # Adam with this run's options
-            if hasattr(module, "param_groups"):
-                adam = adam_options(args, envs.TASKS[args.task].algo == "sac", device)
+        for name, module in modules.items():
+            if hasattr(module, "param_groups"):  # Adam with this run's options
                 ckpt[name]["param_groups"] = [group | adam for group in ckpt[name]["param_groups"]]
             module.data.copy_(ckpt[name]) if torch.is_tensor(module) else module.load_state_dict(ckpt[name])  # log α
         torch.set_rng_state(ckpt["torch_rng"])
@@ -648,30 +627,25 @@ def evaluate(epoch, grad_steps, wall_time, window, eval_returns, args, child_ckp
     stats |= {"sps": window["env_steps"] / (time.time() - window["start"])} if window["env_steps"] else {}
     stats |= {"ms_per_grad_step": 1000 * window["train_time"] / window["grad_steps"]} if window["grad_steps"] else {}
     episodes = collect()
-    returns, paths, goals = episodes["reward"].sum(1), episodes["coordinates"], episodes["goals"]
+    returns = episodes["reward"].sum(1)
     eval_returns.append(float(returns.mean()))
     env_steps, trained = epoch * args.num_envs * SKILL_STEPS * HIGH_HORIZON, eval_returns[1:]  # without epoch 0's
     result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps, "wall_time": round(wall_time, 2),
               "return": eval_returns[-1], "return_past10": float(np.mean(trained[-10:])) if trained else None,
               "return_min": float(returns.min()), "return_max": float(returns.max()), **stats,
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
-    fig, ax = plt.subplots(figsize=(5, 5))
-    colors = plt.cm.hsv(np.linspace(0, 1, len(paths), endpoint=False))
-    envs.draw_coordinates(ax, paths, colors)  # (x, y) paths; HalfCheetah: x by env step
-    for i, color in enumerate(colors if goals is not None else []):  # the goals as stars
-        for star in np.unique(goals[i], axis=0) if paths.shape[-1] == 2 else [(goals[i, -1, 0], paths.shape[1] - 1)]:
-            ax.plot(*star, marker="*", color=color, ms=8, mec="black", mew=0.4)
-    ax.set_title(f"{args.task} over {child_ckpt['agent']} skills, {env_steps:,} env steps, return "
-                 f"{result['return']:.1f}", fontsize=9)
+    fig, ax = plt.subplots(figsize=(5, 5))  # the paths, each episode's goals as stars
+    envs.draw_coordinates(ax, episodes["coordinates"], plt.cm.hsv(np.linspace(0, 1, len(returns), endpoint=False)),
+                          goals=[np.unique(chain, axis=0) for chain in episodes["goals"]])
+    ax.set_title(f"{args.task} over {child_ckpt['agent']}, {env_steps:,} env steps, return {result['return']:.1f}")
     fig.tight_layout()
     write_atomically(f"{run_dir}/episodes_{env_steps:010d}.png", lambda tmp: fig.savefig(tmp, dpi=100), run_dir)
     plt.close(fig)
     for key in ("return", "return_past10"):
         if result[key] is not None:
             writer.add_scalar(f"eval/{key}", result[key], env_steps)
-    log_path, kept = f"{run_dir}/eval.jsonl", []  # a resume drops lines after its checkpoint
-    logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
-    lines = [line for line in logged.splitlines() if line.strip()]
+    log_path, kept = pathlib.Path(run_dir, "eval.jsonl"), []  # a resume drops lines after its checkpoint
+    lines = [line for line in (log_path.read_text() if log_path.is_file() else "").splitlines() if line.strip()]
     for number, line in enumerate(lines, 1):
         try:
             kept += [line] if json.loads(line)["epoch"] <= window.get("resumed_at", epoch - 1) else []
@@ -696,14 +670,14 @@ def log_epoch(args, writer, epoch, grad_steps, step_stats, train_time, window, s
     if step_stats:
         names = list(step_stats[0])
         per_step = torch.stack([torch.stack(list(stats.values())) for stats in step_stats])  # (steps, stats)
-        bad = ~torch.isfinite(per_step) & torch.tensor([n.endswith("_loss") for n in names]).to(per_step.device)
-        if bad.any():
-            step, which = bad.nonzero()[0].tolist()
-            error(f"{names[which]} is {per_step[step, which].item()} at gradient step "
-                  f"{grad_steps - len(step_stats) + step + 1} (epoch {epoch})", writer.log_dir)
+        for step, values in enumerate(per_step.tolist(), grad_steps - len(step_stats) + 1):
+            for name, value in zip(names, values):
+                if name.endswith("_loss") and not math.isfinite(value):
+                    error(f"{name} is {value} at gradient step {step} (epoch {epoch})", writer.log_dir)
         means = per_step.mean(0)
         window["stats"].append(dict(zip(names, means)))
-        window.update(grad_steps=window["grad_steps"] + len(step_stats), train_time=window["train_time"] + train_time)
+        window["grad_steps"] += len(step_stats)
+        window["train_time"] += train_time
         for name, value in zip(names, means.tolist()):
             writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
     writer.add_scalar("charts/episode_return", episode_return, env_steps)

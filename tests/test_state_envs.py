@@ -180,4 +180,12 @@ def test_skill_plot_draws_paths_in_the_plane_or_against_time():
     envs.draw_coordinates(ax, paths[..., :1], colors, "HalfCheetah")  # x against the env step
     assert np.allclose(ax.lines[1].get_xydata(), np.stack([paths[1, :, 0], np.arange(201)], -1))
     assert ax.get_ylabel() == "env step"
+    fig, ax = plt.subplots()  # paths of any lengths; goals as stars in their rollout's colour
+    envs.draw_coordinates(ax, [paths[0, :5], paths[1, :3]], colors, goals=[[(4, 5)], [(7, 1), (9, 2)]])
+    stars = [line for line in ax.lines if line.get_marker() == "*"]
+    assert [tuple(star.get_xydata()[0]) for star in stars] == [(4, 5), (7, 1), (9, 2)]
+    assert np.allclose(matplotlib.colors.to_rgba(stars[2].get_color()), colors[1])
+    fig, ax = plt.subplots()  # x-only: each star at its path's last step
+    envs.draw_coordinates(ax, [paths[0, :5, :1], paths[1, :3, :1]], colors, goals=[[(4,)], [(7,), (9,)]])
+    assert [tuple(line.get_xydata()[0]) for line in ax.lines[2:]] == [(4, 4), (7, 2), (9, 2)]
     plt.close("all")

@@ -20,12 +20,14 @@ STATE_TASKS = {"AntMultiGoal": ("Ant", 29, 8), "HalfCheetahGoal": ("HalfCheetah"
 def test_task_table():
     assert list(envs.TASKS) == ["AntMultiGoal", "HalfCheetahGoal", "HalfCheetahHurdle", "QuadrupedGoal", "HumanoidGoal"]
     assert [f.name for f in dataclasses.fields(envs.TaskSpec)] == [
-        "base", "extra_dims", "algo", "eval_every", "buffer_size", "goal_range", "radius"]
-    assert envs.TASKS["AntMultiGoal"] == envs.TaskSpec("Ant", 2, "sac", 100, 1_000_000, 7.5, 3.0)
-    assert envs.TASKS["HalfCheetahGoal"] == envs.TaskSpec("HalfCheetah", 1, "ppo", 100, 0, 100.0, 3.0)
-    assert envs.TASKS["HalfCheetahHurdle"] == envs.TaskSpec("HalfCheetah", 2, "ppo", 100, 0, 0.0, 0.0)
-    assert envs.TASKS["QuadrupedGoal"] == envs.TaskSpec("Quadruped", 2, "sac", 25, 300_000, 7.5, 1.5)
-    assert envs.TASKS["HumanoidGoal"] == envs.TaskSpec("Humanoid", 2, "sac", 25, 300_000, 5.0, 1.5)
+        "base", "extra_dims", "algo", "num_envs", "grad_steps_per_epoch", "total_env_steps", "eval_every",
+        "buffer_size", "goal_range", "radius"]
+    sac, ppo = (8, 50, 4_000_000), (64, 10, 12_800_000)  # 2,500 or 1,000 epochs of 200 env steps per env
+    assert envs.TASKS["AntMultiGoal"] == envs.TaskSpec("Ant", 2, "sac", *sac, 100, 1_000_000, 7.5, 3.0)
+    assert envs.TASKS["HalfCheetahGoal"] == envs.TaskSpec("HalfCheetah", 1, "ppo", *ppo, 100, 0, 100.0, 3.0)
+    assert envs.TASKS["HalfCheetahHurdle"] == envs.TaskSpec("HalfCheetah", 2, "ppo", *ppo, 100, 0, 0.0, 0.0)
+    assert envs.TASKS["QuadrupedGoal"] == envs.TaskSpec("Quadruped", 2, "sac", *sac, 25, 300_000, 7.5, 1.5)
+    assert envs.TASKS["HumanoidGoal"] == envs.TaskSpec("Humanoid", 2, "sac", *sac, 25, 300_000, 5.0, 1.5)
     with pytest.raises(dataclasses.FrozenInstanceError):
         envs.TASKS["AntMultiGoal"].radius = 1.0
 
@@ -48,8 +50,12 @@ def test_state_goal_task_appends_the_raw_goal(task):
         assert obs.dtype == np.float32 and env.observation_space.contains(obs)
         assert np.array_equal(obs[:base_dims], world._obs())  # the base world's normalized observation
         assert np.array_equal(obs[base_dims:], info["goal"].astype(np.float32))  # then the goal, raw
+        assert np.array_equal(envs.skill_view(task, np.stack([obs, obs])), [world._obs()] * 2)  # what skills see
         assert np.array_equal(info["coordinates"], world.data.qpos[: len(info["goal"])])
         obs, _, _, _, info = env.step(env.action_space.sample())
+    assert envs.skill_view(task, env.observation_space) == gym.spaces.Box(-np.inf, np.inf, (base_dims,), np.float32)
+    pixels = {"pixels": np.zeros((2, 64, 64, 3), np.uint8), "goal": np.ones((2, 2), np.float32)}  # a pixel task's
+    assert envs.skill_view("QuadrupedGoal", pixels) is pixels["pixels"]
     # raw: well outside the few units a normalized coordinate spans
     assert np.abs(obs[base_dims:]).max() > 1.0 and np.abs(obs[base_dims:]).max() <= envs.TASKS[task].goal_range
 
