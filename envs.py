@@ -1008,7 +1008,7 @@ def make_env(env_id, render_mode=None, render_quality=None):
 class TaskSpec:
     """The facts the hierarchical learner needs about a downstream task (the official
     scripts/hierarchical_control/*.sh); a hierarchical.py flag left unset takes these values. The budget is this
-    project's (the official scripts set none): 10 evaluations after epoch 0 at the official state-task period."""
+    project's (the official scripts set none): at least 10 evaluations after epoch 0."""
 
     base: str  # the pretraining env (ENV_SPECS key) whose skills the task reuses
     extra_dims: int  # task dims after the base observation; the child policy sees the observation without them

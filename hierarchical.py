@@ -18,7 +18,7 @@ deterministic episodes every 100 epochs (25 on pixels), and "Return (past 10)", 
 Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features):
   - AntMultiGoal draws its whole goal chain every episode, not goals 2-4 once per env (envs.py explains).
   - "Return (past 10)" leaves out epoch 0 (the official plot: the current and the 10 previous evaluations).
-  - a budget: 4M env steps for SAC, 12.8M for PPO, 10 evaluations after epoch 0; the official scripts set none.
+  - a budget: 4M env steps for SAC, 12.8M for PPO, at least 10 evaluations after epoch 0; the official scripts set none.
   - the replay buffer holds whole episodes, each observation once; on a GPU, float32 matmuls use TF32.
 """
 
