@@ -88,7 +88,7 @@ class Args:
     tau: float = 0.005  # Polyak step of the target Q networks.
     lr: float = 1e-4  # Adam learning rate of φ, g and h, Q, π and log α.
     alpha_init: float = 0.01  # Initial α, tuned automatically towards entropy -|A|/2 on every env.
-    compile: bool = False  # Compile the whole gradient step (the same numbers up to rounding).
+    compile: bool = False  # Compile the whole gradient step (on a CPU, the same numbers up to rounding).
     bf16: bool = False  # Run the pixel encoders' convolutions in bfloat16.
     cudagraphs: bool = False  # On a GPU, replay the whole gradient step as one CUDA graph.
 
@@ -100,7 +100,7 @@ FLAG_RANGES = {
     "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)", "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)",
     "num_eval_skills": "[1, inf)", "temperature": "(0, inf)", "knn_k": "[1, inf)", "gamma": "[0, 1)",
     "tau": "(0, 1]", "lr": "(0, inf)", "alpha_init": "(0, inf)"}
-# What --resume may change: neither the learning nor the random streams depend on them.
+# What --resume may change: not the problem learned (the device may change the draws).
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
                      "buffer_on_device", "track", "wandb_project_name", "wandb_entity", "capture_video", "compile",
                      "cudagraphs", "bf16")
@@ -442,10 +442,10 @@ def parse_args(argv=None):
         if getattr(args, flag) < epoch:
             error(f"--{flag.replace('_', '-')} must {verb} one epoch (--num-envs × {horizon} = {epoch} {unit}), "
                   f"got {getattr(args, flag)}")
-    whole_buffer = args.buffer_size // horizon * horizon  # whole trajectories
-    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps, whole_buffer):
-        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
-              f"got {args.learning_starts}")
+    stored = min(args.total_env_steps // epoch * epoch, args.buffer_size // horizon * horizon)
+    if args.grad_steps_per_epoch and args.learning_starts > stored:
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size in whole epochs and trajectories "
+              f"({stored}), or the run never learns; got {args.learning_starts}")
     if ckpt and args.total_env_steps // epoch <= ckpt["epoch"]:
         error(f"{args.resume} has already trained for {ckpt['epoch'] * epoch} env steps; give a larger "
               f"--total-env-steps to continue it")

@@ -72,12 +72,12 @@ class Args:
     parallel_envs: bool = True  # Step the envs in worker processes, at most one per core (same numbers).
     buffer_on_device: bool = False  # Keep the replay buffer, and sample it, on the training device.
     cudagraphs: bool = False  # On a GPU, replay the gradient step as a CUDA graph.
-    compile: bool = False  # Compile the gradient step with torch.compile (same numbers up to rounding).
+    compile: bool = False  # Compile the gradient step with torch.compile (on a CPU, same numbers up to rounding).
     bf16: bool = False  # On pixels, run the encoders' convolutions in bfloat16.
     track: bool = False  # Also log to Weights & Biases (WANDB_MODE=offline works).
     wandb_project_name: str = "cleanmisl"  # The W&B project, with --track.
     wandb_entity: Optional[str] = None  # The W&B team, with --track.
-    capture_video: bool = False  # At each evaluation, write an MP4 of four skills.
+    capture_video: bool = False  # At each evaluation, write an MP4 of up to four rollouts.
     num_eval_skills: int = 48  # Deterministic rollouts per evaluation, a fresh skill each.
     xi: float = 5.0  # Weight ξ of the negative term (App. C.3: 2, 5, 10 beat 1 and below).
     critic: Literal["inner", "mlp", "gaussian", "laplacian"] = "inner"  # The bound's critic (§6.3); inner: the paper's.
@@ -95,7 +95,7 @@ FLAG_RANGES = {flag: interval for interval, flags in {
                 "num_eval_skills num_negatives", "[0, inf)": "grad_steps_per_epoch learning_starts xi",
     "(0, inf)": "lr alpha_init", "[0, 2147483647]": "seed", "[0, 1)": "gamma", "(0, 1]": "tau"}.items()
     for flag in flags.split()}
-# What --resume may change: learning and the random streams do not depend on them.
+# What --resume may change: not the problem learned (the device may change the draws).
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
                      "buffer_on_device", "cudagraphs", "compile", "bf16", "track", "wandb_project_name",
                      "wandb_entity", "capture_video")
@@ -478,9 +478,10 @@ def parse_args(argv=None):
         error(f"--buffer-size must hold one epoch (--num-envs × {h} = {ep} transitions), got {args.buffer_size}")
     if args.total_env_steps < ep:
         error(f"--total-env-steps must cover one epoch (--num-envs × {h} = {ep} env steps), got {args.total_env_steps}")
-    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps, args.buffer_size // h * h):
-        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
-              f"got {args.learning_starts}")
+    stored = min(args.total_env_steps // ep * ep, args.buffer_size // h * h)
+    if args.grad_steps_per_epoch and args.learning_starts > stored:
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size in whole epochs and trajectories "
+              f"({stored}), or the run never learns; got {args.learning_starts}")
     if ckpt and args.total_env_steps // ep <= ckpt["epoch"]:
         error(f"{args.resume} has already trained for {ckpt['epoch'] * ep} env steps; give a larger "
               "--total-env-steps to continue it")

@@ -13,11 +13,11 @@ and π is SAC's actor on it, α fixed at 0.1. Ant and HalfCheetah only, seen as 
     python dads.py --env-id HalfCheetah --hidden-dim 256 --total-env-steps 3000000  # a smaller, shorter run
 
 Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features, iod/dads.py):
-  - a time limit is never a terminal step (the official sampler marks it done; --turn_off_dones 1 undoes that).
+  - no --turn_off_dones flag: a time limit is never a terminal step, as every official script sets it.
   - left out, as they never change learning: the frozen α's optimizer, the stored rewards, next actions and returns.
   - the reward's L = 100 alternatives share BN_in(s), Δ and the state part of q's first layer, computed once per
     transition: the numbers of every (s, z_l) row through q, up to rounding, cheaper.
-  - evaluation every 500 epochs on Ant and 1000 on HalfCheetah (csf.py's); the last epoch is always evaluated and
+  - evaluation every 500 epochs on Ant and 1000 on HalfCheetah as officially, and at the last epoch, always
     checkpointed; --buffer-size is rounded down to whole trajectories; a checkpoint holds the stats since the last
     evaluation, so a resumed run reports what the uninterrupted run does.
   - on a GPU, float32 matmuls use TF32; a CPU computes them in float32, and the tests' numbers are the CPU's.
@@ -95,7 +95,7 @@ FLAG_RANGES = {
     "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)", "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)",
     "num_eval_skills": "[1, inf)", "gamma": "[0, 1)", "tau": "(0, 1]", "num_alternatives": "[1, inf)",
     "lr": "(0, inf)", "alpha": "[0, inf)"}
-# What --resume may change: neither the learning problem nor the random streams depend on them.
+# What --resume may change: not the problem learned (the device may change the draws).
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
                      "buffer_on_device", "cudagraphs", "compile", "track", "wandb_project_name", "wandb_entity",
                      "capture_video")
@@ -440,10 +440,10 @@ def parse_args(argv=None):
         if getattr(args, flag) < epoch:
             error(f"--{flag.replace('_', '-')} must {verb} one epoch (--num-envs × {horizon} = {epoch} {unit}), "
                   f"got {getattr(args, flag)}")
-    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps,
-                                                                args.buffer_size // horizon * horizon):
-        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
-              f"got {args.learning_starts}")
+    stored = min(args.total_env_steps // epoch * epoch, args.buffer_size // horizon * horizon)
+    if args.grad_steps_per_epoch and args.learning_starts > stored:
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size in whole epochs and trajectories "
+              f"({stored}), or the run never learns; got {args.learning_starts}")
     if ckpt and args.total_env_steps // epoch <= ckpt["epoch"]:
         error(f"{args.resume} has already trained for {ckpt['epoch'] * epoch} env steps; give a larger "
               f"--total-env-steps to continue it")

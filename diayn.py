@@ -15,7 +15,7 @@ never terminal, with α fixed at 0.1 (the official --sac_lr_a -1).
 
 Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features, iod/metra.py
 with --inner 0), none in the algorithm:
-  - a time limit is never terminal (the official sampler marks it done; --turn_off_dones 1 undoes it).
+  - no --turn_off_dones flag: a time limit is never terminal, as every official script sets it.
   - left out, never changing learning: the target φ iod/metra.py never updates, its Gaussian φ's std head, the
     frozen α's optimizer, the stored rewards, next actions and returns. Skills are torch's draws, not NumPy's.
   - Robobin follows the official DIAYN Robobin script, not App. B.3's K = 50 one-hot: z ~ N(0, I_9), q(z|s') =
@@ -59,7 +59,8 @@ import envs
 plt.switch_backend("Agg")
 AGENT = "diayn"
 World = Literal["Ant", "HalfCheetah", "Quadruped", "Humanoid", "Kitchen", "Robobin"]
-SKILL_DIMS = {"Ant": 50, "HalfCheetah": 50, "Quadruped": 50, "Humanoid": 50, "Kitchen": 50, "Robobin": 9}  # App. B.3
+# App. B.3's K, but Robobin's official script's 9-D Gaussian z (see the header)
+SKILL_DIMS = {"Ant": 50, "HalfCheetah": 50, "Quadruped": 50, "Humanoid": 50, "Kitchen": 50, "Robobin": 9}
 GAUSSIAN_ENVS = ("Robobin",)  # z ~ N(0, I_d) and a Gaussian q
 
 
@@ -73,7 +74,7 @@ class Args:
     grad_steps_per_epoch: Optional[int] = None  # Gradient steps per epoch (unset: the paper's, 50-200).
     learning_starts: int = 10_000  # Transitions stored before the first gradient step.
     batch_size: int = 256  # Transitions per minibatch.
-    buffer_size: Optional[int] = None  # Replay capacity in transitions (unset: 1M on states, 300k on pixels).
+    buffer_size: Optional[int] = None  # Replay capacity in transitions (unset: 1M; pixels 300k, Kitchen 100k).
     hidden_dim: int = 1024  # Width of the hidden layers of φ, Q and π.
     eval_every: Optional[int] = None  # Epochs between evaluations, and the last epoch (unset: 125-1000, by world).
     checkpoint_every: Optional[int] = None  # Epochs between checkpoints, and the last epoch (unset: --eval-every).
@@ -87,7 +88,7 @@ class Args:
     track: bool = False  # Also log to Weights & Biases (WANDB_MODE=offline works).
     wandb_project_name: str = "cleanmisl"  # The W&B project, with --track.
     wandb_entity: Optional[str] = None  # The W&B team, with --track.
-    capture_video: bool = False  # At each evaluation, write an MP4 of four skills side by side.
+    capture_video: bool = False  # At each evaluation, write an MP4 of up to four rollouts side by side.
     num_eval_skills: int = 48  # Deterministic rollouts per evaluation, the skills in turn.
     gamma: float = 0.99  # Discount of the SAC critic.
     tau: float = 0.005  # Polyak step of the target Q networks.
@@ -101,7 +102,7 @@ FLAG_RANGES = {
     "grad_steps_per_epoch": "[0, inf)", "learning_starts": "[0, inf)", "batch_size": "[1, inf)",
     "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)", "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)",
     "num_eval_skills": "[1, inf)", "gamma": "[0, 1)", "tau": "(0, 1]", "lr": "(0, inf)", "alpha": "[0, inf)"}
-# What --resume may change: neither the learning problem nor the random streams depend on them.
+# What --resume may change: not the problem learned (the device may change the draws).
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
                      "buffer_on_device", "cudagraphs", "compile", "bf16", "track", "wandb_project_name",
                      "wandb_entity", "capture_video")
@@ -451,9 +452,10 @@ def parse_args(argv=None):
         error(f"--buffer-size must hold one epoch (--num-envs × {h} = {ep} transitions), got {args.buffer_size}")
     if args.total_env_steps < ep:
         error(f"--total-env-steps must cover one epoch (--num-envs × {h} = {ep} env steps), got {args.total_env_steps}")
-    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps, args.buffer_size // h * h):
-        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
-              f"got {args.learning_starts}")
+    stored = min(args.total_env_steps // ep * ep, args.buffer_size // h * h)
+    if args.grad_steps_per_epoch and args.learning_starts > stored:
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size in whole epochs and trajectories "
+              f"({stored}), or the run never learns; got {args.learning_starts}")
     if ckpt and args.total_env_steps // ep <= ckpt["epoch"]:
         error(f"{args.resume} has already trained for {ckpt['epoch'] * ep} env steps; give a larger "
               "--total-env-steps to continue it")

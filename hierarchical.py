@@ -7,7 +7,7 @@ the last terminal, each rewarded R = Σ_{t<K} r_t. As in the official garagei/en
 METRA, VISR), 1.5·a (CIC, DADS) or onehot(a) (DIAYN, one-hot METRA: a categorical π_h). π_h maximizes E[Σ_k γ^k R_k] by
   SAC (AntMultiGoal, QuadrupedGoal, HumanoidGoal): twin Qs on y = R + γ(1 - done)(min_i Q̄_i(s', a') - α log π_h(a'|s'))
     without gradient, π_h on E[α log π_h(a|s) - min_i Q_i(s, a)], α towards the entropy -|A|/2 (one-hot: Q(s, ·)
-    over the K skills, expectations under π_h(·|s), entropy +log K); or
+    over the n skills, expectations under π_h(·|s), entropy +log n); or
   PPO (HalfCheetahGoal, HalfCheetahHurdle): -E[min(ρÂ, clip(ρ, 1 ± ε)Â)] - c E[H(π_h)], ρ = π_h(a|s)/π_old(a|s), Â by
     GAE(λ), V(s) regressed on the discounted returns.
 Defaults are official (App. B.5; scripts/hierarchical_control/*.sh) but the budget. eval.jsonl: the mean return of 48
@@ -17,7 +17,7 @@ deterministic episodes every 100 epochs (25 on pixels), and "Return (past 10)", 
 
 Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features):
   - AntMultiGoal draws its whole goal chain every episode, not goals 2-4 once per env (envs.py explains).
-  - "Return (past 10)" leaves out epoch 0 (the official plot: the current and the 10 previous evaluations).
+  - "Return (past 10)", the mean of the last 10 evaluations (the paper's), never counts epoch 0.
   - a budget: 4M env steps for SAC, 12.8M for PPO, at least 10 evaluations after epoch 0; the official scripts set none.
   - the replay buffer holds whole episodes, each observation once; on a GPU, float32 matmuls use TF32.
 """
@@ -84,7 +84,7 @@ class Args:
     gamma: float = 0.99  # Discount per high-level step.
     lr: float = 1e-4  # Adam learning rate of π_h, Q, V and log α.
     tau: float = 0.005  # SAC: Polyak step of the target Qs.
-    alpha_init: float = 0.1  # SAC: initial α, tuned towards the entropy -|A|/2 (one-hot: +log K).
+    alpha_init: float = 0.1  # SAC: initial α, tuned towards the entropy -|A|/2 (one-hot: +log n, n skills).
     clip: float = 0.2  # PPO: clip range ε of the probability ratio.
     gae_lambda: float = 0.95  # PPO: λ of the generalized advantage estimate.
     entropy_coef: float = 0.01  # PPO: weight c of the entropy bonus.
@@ -96,13 +96,13 @@ FLAG_RANGES = {flag: interval for interval, flags in {
                 "num_eval_episodes", "[0, inf)": "grad_steps_per_epoch learning_starts entropy_coef",
     "(0, inf)": "lr alpha_init clip", "[0, 2147483647]": "seed", "[0, 1)": "gamma", "(0, 1]": "tau",
     "[0, 1]": "gae_lambda"}.items() for flag in flags.split()}
-# What --resume may change: nothing learned depends on them.
+# What --resume may change: not the problem learned (the device may change the draws).
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs", "track",
                      "wandb_project_name", "wandb_entity", "compile", "cudagraphs")
 
 
 def soft_value(policy, qf, obs, alpha, discrete):
-    """min_i Q_i(s, a) - α log π_h(a|s), a ~ π_h(·|s) (one-hot: its mean over the K skills), and log π_h (or -H)."""
+    """min_i Q_i(s, a) - α log π_h(a|s), a ~ π_h(·|s) (one-hot: its expectation under π_h(·|s)), and log π_h (or -H)."""
     if discrete:
         dist = policy.dist(obs)
         log_pi = dist.logits.log_softmax(-1)
@@ -189,7 +189,7 @@ class GaussianPolicy(nn.Module):  # π_h(a | s): a tanh-squashed Gaussian, tanh 
         return (*self.squash(normal, u), u)
 
 
-class CategoricalPolicy(nn.Module):  # π_h(k | s) over the K one-hot skills, tanh trunk
+class CategoricalPolicy(nn.Module):  # π_h(k | s) over the n one-hot skills, tanh trunk
     def __init__(self, space, num_skills, hidden_dim):
         super().__init__()
         self.encoder, features = envs.make_encoder(space)
@@ -204,7 +204,7 @@ class CategoricalPolicy(nn.Module):  # π_h(k | s) over the K one-hot skills, ta
         return k, dist.log_prob(k), k
 
 
-class QNetwork(nn.Module):  # Q(s, a) ∈ R, Q(s, ·) ∈ R^K (one-hot), or V(s) (action_dim 0); ReLU
+class QNetwork(nn.Module):  # Q(s, a) ∈ R, Q(s, ·) ∈ R^n (one-hot), or V(s) (action_dim 0); ReLU
     def __init__(self, space, action_dim, hidden_dim, num_actions=1):
         super().__init__()
         self.encoder, features = envs.make_encoder(space)
@@ -292,7 +292,7 @@ def run_episodes(vec_env, policy, child, kind, skill_dim, task, device, determin
 
 
 def main(args, child_ckpt, ckpt=None):
-    """Epoch by epoch: evaluate, collect an episode per env over the frozen child, learn (SAC or PPO), checkpoint."""
+    """Epoch by epoch: evaluate, checkpoint, collect an episode per env over the frozen child, learn (SAC or PPO)."""
     sac = envs.TASKS[args.task].algo == "sac"
     steps_per_epoch = args.num_envs * SKILL_STEPS * HIGH_HORIZON
     num_epochs = args.total_env_steps // steps_per_epoch
@@ -309,7 +309,7 @@ def main(args, child_ckpt, ckpt=None):
     space = train_envs.single_observation_space  # state (or pixels) + the task's dims
     child = frozen_child(args, child_ckpt, train_envs, device)
     kind, skill_dim = skill_kind(child_ckpt), child_ckpt["args"]["skill_dim"]
-    discrete = kind == "one-hot"  # a categorical π_h over the K skills
+    discrete = kind == "one-hot"  # a categorical π_h over the n skills
     check_memory(args, space, skill_dim, sac, device)
     policy = (CategoricalPolicy if discrete else GaussianPolicy)(space, skill_dim, args.hidden_dim).to(device)
     adam = {"lr": args.lr, "fused": (sac and args.cudagraphs and not args.compile) or None,  # SAC's fast path
@@ -445,14 +445,14 @@ def parse_args(argv=None):  # the flags (unset: the task's; --resume: the run's)
                 value <= high if interval[-1] == "]" else value < high)):  # both False for NaN
             error(f"--{flag.replace('_', '-')} must be in {interval}, got {value}")
     epoch, per_epoch = args.num_envs * SKILL_STEPS * HIGH_HORIZON, args.num_envs * HIGH_HORIZON  # steps, transitions
-    transitions = args.total_env_steps // epoch * per_epoch  # the run's
+    stored = min(args.total_env_steps // epoch * per_epoch, args.buffer_size) // HIGH_HORIZON * HIGH_HORIZON
     if args.total_env_steps < epoch:
         error(f"--total-env-steps must cover one epoch ({epoch} env steps), got {args.total_env_steps}")
     if sac and args.buffer_size < per_epoch:
         error(f"--buffer-size must hold one epoch ({per_epoch} transitions), got {args.buffer_size}")
-    if sac and args.grad_steps_per_epoch and args.learning_starts > min(transitions, args.buffer_size):
-        error(f"--learning-starts must be at most --buffer-size and the run's {transitions} transitions (else no "
-              f"gradient step), got {args.learning_starts}")
+    if sac and args.grad_steps_per_epoch and args.learning_starts > stored:
+        error(f"--learning-starts must be at most the {stored} transitions --total-env-steps and --buffer-size store, "
+              f"got {args.learning_starts}")
     if ckpt and args.total_env_steps // epoch <= ckpt["epoch"]:
         error(f"{args.resume} has already trained for {ckpt['epoch'] * epoch} env steps; give a larger "
               "--total-env-steps to continue it")
@@ -684,7 +684,7 @@ def log_epoch(args, writer, epoch, grad_steps, step_stats, train_time, window, s
     writer.add_scalar("charts/SPS", int(sps), env_steps)  # evaluations included
     if (epoch + 1) % 10 == 0:
         seconds = (args.total_env_steps - env_steps) / sps
-        m = round(seconds / 60)  # "45 s", "12 min", "3 h 05 min"
+        m = round(seconds / 60)
         left = f"{seconds:.0f} s" if seconds < 60 else f"{m} min" if m < 60 else f"{m // 60} h {m % 60:02d} min"
         print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {int(sps)} | {left} left | episode return "
               f"{episode_return:.3g}", flush=True)

@@ -74,8 +74,8 @@ class Args:
     track: bool = False  # Also log to Weights & Biases.
     wandb_project_name: str = "cleanmisl"  # The W&B project.
     wandb_entity: Optional[str] = None  # The W&B team.
-    capture_video: bool = False  # Write a video of four skills at each evaluation.
-    num_eval_skills: int = 48  # Rollouts per evaluation: fresh skills, or the K one-hots in turn.
+    capture_video: bool = False  # Write a video of up to four rollouts at each evaluation.
+    num_eval_skills: int = 48  # Rollouts per evaluation: fresh skills, or the K one-hots equally.
     save_repr_stats: bool = False  # Save replay transitions' Δφ at each evaluation.
     repr_loss: Literal["dual", "contrastive"] = "dual"  # METRA's φ loss, or METRA-C's contrastive bound.
     constraint_norm: Literal["sum", "mean"] = "sum"  # Sum ‖Δφ‖² over dimensions (the paper's), or average.
@@ -88,7 +88,7 @@ class Args:
     tau: float = 0.005  # The Polyak step of the target Qs.
     lr: float = 1e-4  # The Adam learning rate of φ, Q, π and log α.
     alpha_init: float = 0.01  # The initial entropy temperature α (Kitchen: fixed).
-    compile: bool = False  # Torch.compile the whole gradient step (the same numbers up to rounding).
+    compile: bool = False  # Torch.compile the whole gradient step (on a CPU, the same numbers up to rounding).
     bf16: bool = False  # On pixels, run the encoders' convolutions in bfloat16.
     cudagraphs: bool = False  # On a GPU, replay the whole gradient step as one CUDA graph.
 
@@ -99,7 +99,7 @@ FLAG_RANGES = {flag: interval for interval, flags in {
                 "num_eval_skills num_negatives", "[0, inf)": "grad_steps_per_epoch learning_starts dual_slack xi",
     "(0, inf)": "dual_lam dual_lr lr alpha_init", "[0, 1)": "gamma", "(0, 1]": "tau", "[0, 2147483647]": "seed",
 }.items() for flag in flags.split()}
-# What --resume may change: neither the learning problem nor the random streams depend on these.
+# What --resume may change: not the problem learned (the device may change the draws).
 RESUME_MAY_CHANGE = ("total_env_steps eval_every checkpoint_every resume cuda parallel_envs buffer_on_device track "
                      "wandb_project_name wandb_entity capture_video save_repr_stats compile cudagraphs bf16").split()
 
@@ -394,8 +394,7 @@ def main(args, ckpt=None):
             for t in range(spec.horizon):
                 action = finite(actor.sample(torch.as_tensor(obs, device=device), skills)[0], epoch)
                 obs, _, terminated, truncated, _ = train_envs.step(action)
-                # never terminal, cut exactly at the horizon: the buffer's layout
-                assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)
+                assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all()  # the buffer's layout
                 observations.append(obs)
                 actions.append(action)
         rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
@@ -490,9 +489,10 @@ def parse_args(argv=None):  # the flags (unset: the paper's for the env) and any
     if args.total_env_steps < epoch:
         error(f"--total-env-steps must cover one epoch (--num-envs × {h} = {epoch} env steps), got "
               f"{args.total_env_steps}")
-    if args.grad_steps_per_epoch and args.learning_starts > min(args.total_env_steps, args.buffer_size // h * h):
-        error("--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; got "
-              f"{args.learning_starts}")
+    stored = min(args.total_env_steps // epoch * epoch, args.buffer_size // h * h)
+    if args.grad_steps_per_epoch and args.learning_starts > stored:
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size in whole epochs and trajectories "
+              f"({stored}), or the run never learns; got {args.learning_starts}")
     if ckpt and args.total_env_steps // epoch <= ckpt["epoch"]:
         error(f"{path} has already trained for {ckpt['epoch'] * epoch} env steps; give a larger --total-env-steps to "
               "continue it")
@@ -571,7 +571,7 @@ class CudaGraphStep:  # warm up, record, replay
 
 def save_checkpoint(path, args, run_name, epoch, grad_steps, wall_time, window, modules, rb, streams, device):
     """All a resumed run needs, written atomically; NaN or inf ends the run instead."""
-    def non_finite(x, prefix=""):  # the names of the tensors with NaN or inf, e.g. "actor.net.0.weight"
+    def non_finite(x, prefix=""):  # the names of the tensors with NaN or inf, e.g. "actor.trunk.0.weight"
         if torch.is_tensor(x):
             return [prefix] if x.is_floating_point() and not torch.isfinite(x).all() else []
         items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, (list, tuple)) else []
@@ -695,7 +695,7 @@ def evaluate(epoch, grad_steps, wall_time, window, args, modules, rb, streams, d
     window.update(stats=[], train_time=0.0, grad_steps=0, start=time.time(), env_steps=0)
 
 
-def eval_skills(n, skill_dim, discrete, generator):  # or the K one-hots in turn
+def eval_skills(n, skill_dim, discrete, generator):  # or the K one-hots, each n/K times
     if discrete:
         return F.one_hot((torch.arange(n) % skill_dim).sort().values, skill_dim).float()
     return sample_skills(n, skill_dim, generator=generator)

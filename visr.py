@@ -20,8 +20,8 @@ with --no_diff_in_rep 1 --self_normalizing 1 --dual_reg 0), none in the algorith
     --dual_reg 0), the stored rewards, next actions and returns. ê(s) of a zero φ(s) is 0, not NaN.
   - evaluation (never changing training) every 500 epochs on Ant, 1000 on HalfCheetah, 125 on Quadruped and Humanoid,
     as csf.py (the official VISR script: 1000 on Ant, 250 on Quadruped and Humanoid), and at the last epoch, also
-    checkpointed; all but a new run's first report the mean ê(s)ᵀz of 10k replay transitions drawn with replacement;
-    a checkpoint holds the stats since the last evaluation, which a resumed run reports.
+    checkpointed; all but a new run's first report the mean ê(s)ᵀz of up to 10k replay transitions (drawn with
+    replacement); a checkpoint holds the stats since the last evaluation, which a resumed run reports.
   - --buffer-size is rounded down to whole trajectories; each pixel frame is stored once, stacks rebuilt by index
     (3.7 GB, not 22 GB, at 300k transitions). On a CPU, envs.py renders without shadows or multisampling
     (CLEANMISL_RENDER=official: the official look); every env is seeded differently (the official code: all alike).
@@ -83,7 +83,7 @@ class Args:
     track: bool = False  # Also log to Weights & Biases.
     wandb_project_name: str = "cleanmisl"  # The W&B project, with --track.
     wandb_entity: Optional[str] = None  # The W&B team, with --track.
-    capture_video: bool = False  # At each evaluation, write an MP4 of up to four skills side by side.
+    capture_video: bool = False  # At each evaluation, write an MP4 of up to four rollouts side by side.
     num_eval_skills: int = 48  # Deterministic evaluation rollouts, one fresh skill each.
     normalized_cumulant: bool = False  # Regress ψ on ê(s) instead of the official φ(s).
     gamma: float = 0.99  # Discount of the successor features.
@@ -98,7 +98,7 @@ FLAG_RANGES = {
     "grad_steps_per_epoch": "[0, inf)", "learning_starts": "[0, inf)", "batch_size": "[1, inf)",
     "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)", "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)",
     "num_eval_skills": "[1, inf)", "gamma": "[0, 1)", "tau": "(0, 1]", "lr": "(0, inf)", "alpha_init": "(0, inf)"}
-# What --resume may change: neither learning nor the random streams depend on these.
+# What --resume may change: not the problem learned (the device may change the draws).
 RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs", "compile",
                      "buffer_on_device", "cudagraphs", "bf16", "track", "wandb_project_name", "wandb_entity",
                      "capture_video")
@@ -319,7 +319,7 @@ def main(args, ckpt=None):
     if args.bf16:
         envs.encoders_in_bf16(phi, *psi, *psi_target, actor)
     log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
-    target_entropy = -action_dim / 2  # H̄ = -|A|/2, the official iod/sac_utils.py's
+    target_entropy = -action_dim / 2  # H̄ = -|A|/2, the official iod/metra.py's
     adam = adam_options(args, device)
     phi_optimizer = torch.optim.Adam(phi.parameters(), **adam)
     psi_params = [param for net in psi for param in net.parameters()]
@@ -443,10 +443,10 @@ def parse_args(argv=None):
         if getattr(args, flag) < epoch:
             error(f"--{flag.replace('_', '-')} must {verb} one epoch (--num-envs × {horizon} = {epoch} {unit}), got "
                   f"{getattr(args, flag)}")
-    stored = min(args.total_env_steps, args.buffer_size // horizon * horizon)  # the most the buffer will hold
+    stored = min(args.total_env_steps // epoch * epoch, args.buffer_size // horizon * horizon)
     if args.grad_steps_per_epoch and args.learning_starts > stored:
-        error(f"--learning-starts must be at most --total-env-steps and --buffer-size, or the run never learns; "
-              f"got {args.learning_starts}")
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size in whole epochs and trajectories "
+              f"({stored}), or the run never learns; got {args.learning_starts}")
     if ckpt and args.total_env_steps // epoch <= ckpt["epoch"]:
         error(f"{args.resume} has already trained for {ckpt['epoch'] * epoch} env steps; give a larger "
               f"--total-env-steps to continue it")

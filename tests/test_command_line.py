@@ -77,6 +77,7 @@ def test_the_edges_that_mean_something_are_accepted(agent):
     (["--buffer-size", "1000"], "--buffer-size must hold one epoch (--num-envs × 200 = 1600 transitions), got 1000"),
     (["--total-env-steps", "5000"], "--learning-starts must be at most --total-env-steps and --buffer-size"),
     (["--buffer-size", "1700", "--learning-starts", "1700"], "--learning-starts must be at most"),  # 8 whole trajectories
+    (["--total-env-steps", "11000"], "trajectories (9600), or the run never learns; got 10000"),  # 6 whole epochs
     (["--resume", "no/such/file.pt"], "no checkpoint file at no/such/file.pt"),
 ])
 def test_bad_input_is_one_line(agent, argv, message):

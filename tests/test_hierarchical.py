@@ -182,6 +182,8 @@ def test_bad_input_is_one_line(tiny_run, tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"garbage")
     assert "is not a readable checkpoint" in refuses(["--checkpoint", str(tmp_path / "bad.pt")])
     assert "--gamma must be in [0, 1), got 1.0" in refuses(["--checkpoint", child_dir, "--gamma", "1"])
+    assert "--learning-starts must be at most the 1000 transitions" in refuses(  # whole 8-step episodes
+        ["--checkpoint", child_dir, "--buffer-size", "1005", "--learning-starts", "1005"])
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "hierarchical.py"), "--checkpoint", child_dir, "--task",
                            "HumanoidGoal"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
