@@ -10,11 +10,11 @@ by TD onto Δφ + γ ψ̄(s', a', z), a' ~ π(·|s', z), with Q = ψᵀz (§5.2;
     python csf.py --env-id Ant --hidden-dim 256 --total-env-steps 3000000  # a CPU-sized run (README: 73 min)
 
 Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features):
-  - a time limit is never terminal (garagei/sampler/option_worker.py marks it done; --turn_off_dones 1 undoes it).
+  - no --turn_off_dones flag: a time limit is never terminal, as every official script sets it.
   - left out, never changing learning: the future-goal sampler, a target φ never updated, METRA's idle λ machinery.
   - the 256 negatives z'_j are fresh prior draws (Alg. 1; --sample_new_z 1), not the batch's skills (App. B.2).
-  - added: the last epoch is always evaluated and checkpointed; evaluations after epoch 0 report E‖Δφ‖² on 10k
-    replay transitions (with replacement); a resumed run reports what the uninterrupted one does.
+  - added: the last epoch is always evaluated and checkpointed; evaluations after epoch 0 report E‖Δφ‖² on up to
+    10k replay transitions (with replacement); a resumed run reports what the uninterrupted one does.
   - the ablations of §6.3 (--critic, --reward) follow `main`; a reward r not linear in z is Δφᵀz + (r - Δφᵀz), the
     remainder summed by an extra output ψ₀ of each ψ.
   - pixels: each frame is stored once (3.7 GB, not 22 GB, at 300k transitions); envs.py seeds every env apart.
@@ -151,7 +151,7 @@ def actor_objective(actor, psi, obs, skill, alpha):
 
 
 def temperature_loss(log_alpha, log_prob, target_entropy):
-    """L(α) = -E[log α (log π(a|s, z) + H̄)], H̄ = -|A|/2 (iod/sac_utils.py; SAC's usual is -|A|)."""
+    """L(α) = -E[log α (log π(a|s, z) + H̄)], H̄ = -|A|/2 (iod/metra.py's; SAC's usual is -|A|)."""
     return -(log_alpha * (log_prob + target_entropy)).mean()
 
 

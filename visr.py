@@ -15,7 +15,7 @@ automatic α; no GPI (App. B.2).
 
 Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features, iod/metra_sf.py
 with --no_diff_in_rep 1 --self_normalizing 1 --dual_reg 0), none in the algorithm:
-  - a time limit is never a terminal step (the official sampler marks it done; --turn_off_dones 1 undoes that).
+  - no --turn_off_dones flag: a time limit is never a terminal step, as every official script sets it.
   - left out, as they never change learning: the future-goal sampler, the never-updated target φ, METRA's λ (off under
     --dual_reg 0), the stored rewards, next actions and returns. ê(s) of a zero φ(s) is 0, not NaN.
   - evaluation (never changing training) every 500 epochs on Ant, 1000 on HalfCheetah, 125 on Quadruped and Humanoid,
