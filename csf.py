@@ -63,9 +63,9 @@ class Args:
     grad_steps_per_epoch: Optional[int] = None  # Gradient steps after each collection; unset, the paper's.
     learning_starts: int = 10_000  # Transitions stored before the first gradient step.
     batch_size: int = 256  # Transitions per minibatch, drawn with replacement.
-    buffer_size: Optional[int] = None  # Replay capacity in transitions; unset, the paper's (1M; pixels 300k).
+    buffer_size: Optional[int] = None  # Replay capacity in transitions (unset: 1M; pixels 300k, Kitchen 100k).
     hidden_dim: int = 1024  # Width of the hidden layers of φ, ψ and π.
-    eval_every: Optional[int] = None  # Epochs between evaluations (and the last); unset, the paper's.
+    eval_every: Optional[int] = None  # Epochs between evaluations (and the last); unset, the official scripts'.
     checkpoint_every: Optional[int] = None  # Epochs between checkpoints (and the last); unset, --eval-every's.
     resume: Optional[str] = None  # A checkpoint.pt to continue, in its run's folder, with its flags.
     cuda: bool = True  # Use the GPU when torch sees one.
