@@ -56,6 +56,8 @@ def test_state_goal_task_appends_the_raw_goal(task):
     assert envs.skill_view(task, env.observation_space) == gym.spaces.Box(-np.inf, np.inf, (base_dims,), np.float32)
     pixels = {"pixels": np.zeros((2, 64, 64, 3), np.uint8), "goal": np.ones((2, 2), np.float32)}  # a pixel task's
     assert envs.skill_view("QuadrupedGoal", pixels) is pixels["pixels"]
+    space = gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), "goal": gym.spaces.Box(-1, 1)})
+    assert envs.skill_view("QuadrupedGoal", space) is space["pixels"]
     # raw: well outside the few units a normalized coordinate spans
     assert np.abs(obs[base_dims:]).max() > 1.0 and np.abs(obs[base_dims:]).max() <= envs.TASKS[task].goal_range
 
