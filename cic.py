@@ -8,21 +8,22 @@ k_j = g(φ(s_j), φ(s'_j))/‖g(φ(s_j), φ(s'_j))‖ and L_ij = q_iᵀk_j / T o
 and explores with APT's particle estimate of the entropy of φ: the intrinsic reward of transition i is
     r_i = log(1 + mean_{j ∈ kNN(i)} max(‖φ(s_i) - φ(s'_j)‖ / σ² - 0.0005, 0)),
 over its k = 16 nearest φ(s'_j) in the minibatch, σ² the running variance of those distances (officially
-cic_alpha = 1: z reaches r only through φ). π is SAC's actor on twin critics Q(s, a, z).
+cic_alpha = 1: z reaches r only through φ). π is SAC's actor on twin critics Q(s, a, z), trained on r.
 
-    python cic.py --env-id Ant  # the paper's run: 64M env steps
     python cic.py --env-id Ant --hidden-dim 256 --total-env-steps 3000000  # a short run for a CPU
     python cic.py --env-id Humanoid --cudagraphs --buffer-on-device  # 64×64 pixels, on a GPU
 
 Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features):
-  - left out, never affecting learning: the CPC reward term (weight 1 - cic_alpha = 0), the unused target φ, the std
+  - left out, never changing learning: the CPC reward term (weight 1 - cic_alpha = 0), the unused target φ, the std
     heads of the Gaussians whose means are φ, g and h, the stored rewards, next actions, returns.
-  - added: the last epoch is always evaluated and checkpointed; each evaluation but a new run's first (an empty
-    buffer) reports E‖Δφ‖² on up to 10k replay transitions drawn with replacement; --buffer-size is rounded down to
-    whole trajectories; a checkpoint holds the stats since the last evaluation, so a resumed run reports what the
-    uninterrupted one does; --no-time-limit-terminal (officially, and by default, a trajectory's end is terminal).
-  - pixels: each frame is stored once, stacks rebuilt by index (3.7 GB, not 22 GB, at 300k transitions); every env
-    is seeded differently (run/train.py seeds all alike). GPU matmuls use TF32; the tests' are CPU's.
+  - added: the last epoch is always evaluated and checkpointed; evaluations after epoch 0 report E‖Δφ‖² on up to
+    10k replay transitions (with replacement); a resumed run reports what the uninterrupted one does, but for the
+    clock's figures (wall_time, sps, ms_per_grad_step, peak_rss_mb); --no-time-limit-terminal (officially, and by
+    default, a trajectory's end is terminal).
+  - --buffer-on-device draws its batches with torch's random numbers on the device, other draws than the host's.
+  - pixels: each frame is stored once (3.7 GB, not 22 GB, at 300k transitions); envs.py seeds every env apart
+    (run/train.py seeds all alike).
+  - on a GPU, float32 matmuls use TF32 (the tests' numbers are a CPU's).
 """
 
 import contextlib
@@ -31,17 +32,17 @@ import json
 import math
 import os
 import pathlib
-import random
 import resource
 import signal
 import sys
 import threading
 import time
+import types
 import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Literal, Optional
 
-import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn as nn
@@ -52,107 +53,129 @@ from torch.utils.tensorboard import SummaryWriter
 
 import envs
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
+plt.switch_backend("Agg")
 AGENT = "cic"
 
 
 @dataclass
 class Args:
-    env_id: Literal["Ant", "HalfCheetah", "Quadruped", "Humanoid", "Kitchen", "Robobin"] = "Ant"  # The world.
-    skill_dim: Optional[int] = None  # Dimension d of the skill z ~ N(0, I_d) (unset: 64).
-    seed: int = 1  # Seed of torch, numpy and the envs.
-    total_env_steps: Optional[int] = None  # Training budget in env steps (unset: the paper's).
-    num_envs: Optional[int] = None  # Trajectories per epoch (unset: 8, Robobin 10).
-    grad_steps_per_epoch: Optional[int] = None  # Gradient steps per epoch (unset: the paper's).
-    learning_starts: int = 10_000  # Transitions stored before the first gradient step.
-    batch_size: int = 256  # Transitions per minibatch.
-    buffer_size: Optional[int] = None  # Replay capacity in transitions (unset: the paper's).
-    hidden_dim: int = 1024  # Width of the hidden layers of φ, g, h, Q and π.
-    eval_every: Optional[int] = None  # Epochs between evaluations, and the last (unset: CIC's).
-    checkpoint_every: Optional[int] = None  # Epochs between checkpoints (unset: --eval-every).
-    resume: Optional[str] = None  # A checkpoint.pt to continue, in its folder, with its flags.
-    cuda: bool = True  # Use the GPU when torch sees one.
-    parallel_envs: bool = True  # Step the envs in worker processes (the same numbers).
-    buffer_on_device: bool = False  # Keep the replay buffer on the training device.
-    track: bool = False  # Also log to Weights & Biases (WANDB_MODE=offline works).
+    # The world to learn skills in: Ant and HalfCheetah give state vectors, the others 64×64 pixels.
+    env_id: Literal["Ant", "HalfCheetah", "Quadruped", "Humanoid", "Kitchen", "Robobin"] = "Ant"
+    # The dimension d of the skill z ~ N(0, I_d); unset, the paper's 64 on every world (App. B.3).
+    skill_dim: Optional[int] = None
+    seed: int = 1  # The seed of torch, numpy and the envs; on a CPU, one seed gives one run, bit for bit.
+    # The env steps to train for; unset, the paper's (64M on the state worlds, 4.8M on pixels).
+    total_env_steps: Optional[int] = None
+    num_envs: Optional[int] = None  # The trajectories collected per epoch, a skill each; unset, 8 (Robobin 10).
+    # The gradient steps after each collection; unset, the paper's (50 on the state worlds, 200 on Quadruped and
+    # Humanoid, 100 on Kitchen and Robobin).
+    grad_steps_per_epoch: Optional[int] = None
+    learning_starts: int = 10_000  # The transitions stored before the first gradient step.
+    # The transitions per minibatch, drawn with replacement; the kNN reward's neighbours come from it.
+    batch_size: int = 256
+    # The replay capacity in transitions, kept as whole trajectories; unset, 1M (pixels 300k, Kitchen 100k).
+    buffer_size: Optional[int] = None
+    hidden_dim: int = 1024  # The width of the hidden layers of φ, g, h, Q and π.
+    # The epochs between evaluations, the last one always evaluated; unset, the official CIC scripts' for the world.
+    eval_every: Optional[int] = None
+    # The epochs between checkpoints, the last one always saved; unset, the value of --eval-every.
+    checkpoint_every: Optional[int] = None
+    # A checkpoint.pt to continue, in its run's folder and with its flags; unset, a new run starts.
+    resume: Optional[str] = None
+    cuda: bool = True  # Whether to train on the GPU when torch sees one.
+    parallel_envs: bool = True  # Whether to step the envs in worker processes (the same numbers).
+    buffer_on_device: bool = False  # Whether to keep the replay buffer on the device, drawn there by torch's generator.
+    cudagraphs: bool = False  # Whether to replay the gradient step as a CUDA graph, on a GPU.
+    # Whether to compile the gradient step with torch.compile (on a CPU, the same numbers up to rounding).
+    compile: bool = False
+    bf16: bool = False  # Whether to run the pixel encoders' convolutions in bfloat16.
+    track: bool = False  # Whether to also log to Weights & Biases (WANDB_MODE=offline works).
     wandb_project_name: str = "cleanmisl"  # The W&B project, with --track.
-    wandb_entity: Optional[str] = None  # The W&B team, with --track.
-    capture_video: bool = False  # Write an MP4 of up to four rollouts at each evaluation.
-    num_eval_skills: int = 48  # Rollouts per evaluation, a fresh skill each.
-    temperature: float = 0.5  # Temperature T of the CPC logits q_iᵀk_j / T.
-    knn_k: int = 16  # Neighbours k in the batch of the APT particle reward.
-    time_limit_terminal: bool = True  # Make a trajectory's end terminal, as the official CIC does.
-    gamma: float = 0.99  # Discount of the SAC critic.
-    tau: float = 0.005  # Polyak step of the target Q networks.
-    lr: float = 1e-4  # Adam learning rate of φ, g and h, Q, π and log α.
-    alpha_init: float = 0.01  # Initial α, tuned automatically towards entropy -|A|/2 on every env.
-    compile: bool = False  # Compile the whole gradient step (on a CPU, the same numbers up to rounding).
-    bf16: bool = False  # Run the pixel encoders' convolutions in bfloat16.
-    cudagraphs: bool = False  # On a GPU, replay the whole gradient step as one CUDA graph.
-
-
-# Each numeric flag's valid values ("[" closed, "(" open end); never NaN.
-FLAG_RANGES = {
-    "skill_dim": "[1, inf)", "seed": "[0, 2147483647]", "total_env_steps": "[1, inf)", "num_envs": "[1, inf)",
-    "grad_steps_per_epoch": "[0, inf)", "learning_starts": "[0, inf)", "batch_size": "[1, inf)",
-    "buffer_size": "[1, inf)", "hidden_dim": "[1, inf)", "eval_every": "[1, inf)", "checkpoint_every": "[1, inf)",
-    "num_eval_skills": "[1, inf)", "temperature": "(0, inf)", "knn_k": "[1, inf)", "gamma": "[0, 1)",
-    "tau": "(0, 1]", "lr": "(0, inf)", "alpha_init": "(0, inf)"}
-# What --resume may change: not the problem learned (the device may change the draws).
-RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
-                     "buffer_on_device", "track", "wandb_project_name", "wandb_entity", "capture_video", "compile",
-                     "cudagraphs", "bf16")
+    wandb_entity: Optional[str] = None  # The W&B team, with --track; unset, your default entity.
+    capture_video: bool = False  # Whether to write an MP4 of up to four rollouts at each evaluation.
+    num_eval_skills: int = 48  # The deterministic rollouts per evaluation, a fresh skill each.
+    temperature: float = 0.5  # The temperature T of the CPC logits q_iᵀk_j / T.
+    knn_k: int = 16  # The neighbours k of the kNN reward, from the minibatch (at most --batch-size).
+    # Whether a trajectory's last step is terminal, as in the official CIC; --no-time-limit-terminal bootstraps it.
+    time_limit_terminal: bool = True
+    gamma: float = 0.99  # The discount of the critics.
+    tau: float = 0.005  # The Polyak step of the target critics per gradient step.
+    lr: float = 1e-4  # The Adam learning rate of φ, g and h, Q, π and log α.
+    alpha_init: float = 0.01  # The initial temperature α, tuned automatically towards entropy -|A|/2 on every env.
 
 
 def cpc_loss(query, key, temperature):
-    """The header's CPC loss of h(z), g(φ(s), φ(s')); as officially, the negatives drop e^{1/T}, not exp(L_ii)."""
-    logits = F.normalize(query, dim=-1) @ F.normalize(key, dim=-1).T / temperature
-    negative = (logits.exp().sum(-1) - math.exp(1 / temperature)).clamp(min=1e-6)
-    return -torch.log(logits.diagonal().exp() / (negative + 1e-6)).mean()
+    """The header's CPC loss of the queries h(z_i) and keys g(φ(s_j), φ(s'_j)), both normalized here; as officially,
+    the negatives' sum drops e^{1/T}, the largest a term can be, not exp L_ii."""
+    query = F.normalize(query, dim=-1)
+    key = F.normalize(key, dim=-1)
+    logits = query @ key.T / temperature
+    positive = logits.diagonal().exp()
+    negative = logits.exp().sum(-1) - math.exp(1 / temperature)
+    negative = negative.clamp(min=1e-6)
+    return -torch.log(positive / (negative + 1e-6)).mean()
 
 
-class RunningMoments:
-    """Running mean and variance (URLB's RMS, float64): update(x) returns the variance (APT's "std")."""
-
-    def __init__(self, device):
-        self.device = device
-        self.load_state_dict({"mean": 0.0, "var": 1.0, "count": 1e-4})
-
-    def update(self, x):
-        n, delta = x.numel(), x.mean().double() - self.mean
-        total = self.count + n
-        var = (self.var * self.count + x.var().double() * n + delta**2 * self.count * n / total) / total
-        for state, value in ((self.mean, self.mean + delta * n / total), (self.var, var), (self.count, total)):
-            state.copy_(value)  # in place, for a CUDA graph
-        return var
-
-    def state_dict(self):
-        return {"mean": self.mean, "var": self.var, "count": self.count}
-
-    def load_state_dict(self, state):
-        self.mean, self.var, self.count = (torch.as_tensor(state[key], dtype=torch.float64, device=self.device)
-                                           for key in ("mean", "var", "count"))
+def running_variance(moments, x):
+    """Folds x into `moments`, the running (mean, variance, count) of every x seen (URLB's RMS, in float64), in
+    place; returns the new variance (APT's "std")."""
+    mean, var, count = moments
+    batch_mean = x.mean().double()
+    batch_var = x.var().double()
+    n = x.numel()
+    delta = batch_mean - mean
+    total = count + n
+    m_a = var * count
+    m_b = batch_var * n
+    m2 = m_a + m_b + delta**2 * count * n / total
+    var = m2 / total
+    mean = mean + delta * n / total
+    updated = torch.stack([mean, var, total])
+    moments.copy_(updated)  # in place, for a CUDA graph
+    return var
 
 
 def knn_reward(source, target, k, moments):
-    """The header's r_i, from the k smallest ‖source_i - target_j‖ (j = i included)."""
-    distances = torch.cdist(source, target).topk(k, dim=-1, largest=False).values
-    scaled = (distances / moments.update(distances) - 0.0005).clamp(min=0)
+    """The header's r_i, from the k smallest ‖source_i - target_j‖ (j = i included), σ² their running variance."""
+    distances = torch.cdist(source, target)
+    distances = distances.topk(k, dim=-1, largest=False).values
+    variance = running_variance(moments, distances)
+    scaled = distances / variance - 0.0005
+    scaled = scaled.clamp(min=0)
     return torch.log(1 + scaled.mean(-1))
 
 
 def critic_target(reward, done, next_q, next_log_prob, alpha, gamma):
-    """y = r + γ (1 - done) (min_k Q̄_k(s', a', z) - α log π(a'|s', z)), next_q: (critics, B)."""
-    return reward + gamma * (1 - done) * (next_q.amin(0) - alpha * next_log_prob)
+    """y = r + γ (1 - done) (min_k Q̄_k(s', a', z) - α log π(a'|s', z)), with next_q: (K, B) (SAC)."""
+    next_value = next_q.amin(0) - alpha * next_log_prob
+    return reward + gamma * (1 - done) * next_value
+
+
+def actor_objective(actor, qf, obs, skill, alpha):
+    """L(π) = E[α log π(a|s, z) - min_k Q_k(s, a, z)], a ~ π(·|s, z) (SAC)."""
+    new_action, log_prob = actor.sample(obs, skill)
+    q = [net(obs, skill, new_action) for net in qf]
+    q = torch.stack(q).amin(0)
+    loss = (alpha * log_prob - q).mean()
+    return loss, log_prob
+
+
+def temperature_loss(log_alpha, log_prob, target_entropy):
+    """L(α) = -E[log α (log π(a|s, z) + H̄)], H̄ = -|A|/2 (iod/sac_utils.py's; SAC's usual is -|A|)."""
+    gap = log_prob + target_entropy
+    return -(log_alpha * gap).mean()
 
 
 def mlp(in_dim, hidden_dim, out_dim, activation, init):
-    """Linear → act → Linear → act → Linear, zero biases (run/train.py)."""
-    net = nn.Sequential(nn.Linear(in_dim, hidden_dim), activation(), nn.Linear(hidden_dim, hidden_dim),
-                        activation(), nn.Linear(hidden_dim, out_dim))
-    for layer in net[::2]:  # the Linear layers
+    """Linear → activation → Linear → activation → Linear, weights from `init`, biases zero (run/train.py)."""
+    net = nn.Sequential(
+        nn.Linear(in_dim, hidden_dim),
+        activation(),
+        nn.Linear(hidden_dim, hidden_dim),
+        activation(),
+        nn.Linear(hidden_dim, out_dim),
+    )
+    for layer in net[::2]:
         init(layer.weight)
         nn.init.zeros_(layer.bias)
     return net
@@ -160,588 +183,682 @@ def mlp(in_dim, hidden_dim, out_dim, activation, init):
 
 def skill_encoder(skill_dim, hidden_dim):
     """h(z) ∈ R^d: ReLU, Xavier-uniform, every layer spectrally normalized."""
-    net = mlp(skill_dim, hidden_dim, skill_dim, nn.ReLU, nn.init.xavier_uniform_)
-    for i in range(0, len(net), 2):
-        net[i] = nn.utils.parametrizations.spectral_norm(net[i])
+    init = nn.init.xavier_uniform_
+    net = mlp(skill_dim, hidden_dim, skill_dim, nn.ReLU, init)
+    for layer in net[::2]:
+        nn.utils.parametrizations.spectral_norm(layer)  # in place
     return net
 
 
-class QNetwork(nn.Module):
-    """Q(s, a, z) ∈ R: ReLU MLP on features(s) ⊕ z ⊕ a, Xavier-normal weights."""
-
-    def __init__(self, space, action_dim, skill_dim, hidden_dim):
+class Phi(nn.Module):
+    """φ(s) ∈ R^d (ReLU, Xavier-uniform). Every network owns its pixel encoder (garagei's with_encoder.py)."""
+    def __init__(self, space, out_dim, hidden_dim, input_dim=0,
+                 init=nn.init.xavier_uniform_):
         super().__init__()
         self.encoder, features = envs.make_encoder(space)
-        self.net = mlp(features + skill_dim + action_dim, hidden_dim, 1, nn.ReLU, nn.init.xavier_normal_)
+        in_dim = features + input_dim
+        self.net = mlp(in_dim, hidden_dim, out_dim, nn.ReLU, init)
+
+    def forward(self, obs, *inputs):  # Q's inputs z and a come after s
+        features = self.encoder(obs)
+        features = torch.cat([features, *inputs], -1)
+        return self.net(features)
+
+
+class QNetwork(Phi):
+    """Q(s, a, z) ∈ R: φ's network on (s, z, a), Xavier-normal."""
+    def __init__(self, space, action_dim, skill_dim, hidden_dim):
+        inputs = skill_dim + action_dim
+        init = nn.init.xavier_normal_
+        super().__init__(space, 1, hidden_dim, inputs, init)
 
     def forward(self, obs, skill, action):
-        return self.net(torch.cat([self.encoder(obs), skill, action], -1)).squeeze(-1)
+        q = super().forward(obs, skill, action)
+        return q.squeeze(-1)
 
 
 class Actor(nn.Module):
     """π(a | s, z): a tanh-squashed Gaussian on a tanh trunk, its heads initialised 10x smaller."""
-
     def __init__(self, space, action_dim, skill_dim, hidden_dim):
         super().__init__()
         self.encoder, features = envs.make_encoder(space)
-        self.trunk = mlp(features + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
-        self.mean, self.log_std = nn.Linear(hidden_dim, action_dim), nn.Linear(hidden_dim, action_dim)
+        init = nn.init.xavier_uniform_
+        in_dim = features + skill_dim
+        trunk = mlp(in_dim, hidden_dim, hidden_dim, nn.Tanh, init)
+        self.trunk = trunk[:-1]  # without its last layer
+        self.mean = nn.Linear(hidden_dim, action_dim)
+        self.log_std = nn.Linear(hidden_dim, action_dim)
         for head in (self.mean, self.log_std):
             nn.init.xavier_normal_(head.weight)
             head.weight.data.mul_(0.1)
             nn.init.zeros_(head.bias)
 
     def forward(self, obs, skill):
-        h = self.trunk(torch.cat([self.encoder(obs), skill], -1))
-        return self.mean(h), self.log_std(h).clamp(math.log(1e-6), 2.0)
+        features = torch.cat([self.encoder(obs), skill], -1)
+        h = self.trunk(features)
+        log_std = self.log_std(h).clamp(math.log(1e-6), 2.0)
+        return self.mean(h), log_std
 
     def sample(self, obs, skill):
-        """A reparameterized action and its log-probability, with the tanh correction."""
+        """A reparameterized action a = tanh(u) and its log-probability."""
         mean, log_std = self(obs, skill)
-        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaN: caught per epoch
+        std = log_std.exp()
+        normal = torch.distributions.Normal(mean, std, validate_args=False)
         u = normal.rsample()
         action = torch.tanh(u)
-        log_prob = normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
+        squash = (1 - action.pow(2)).clamp(0, 1)
+        squash = torch.log(squash + 1e-6).sum(-1)
+        log_prob = normal.log_prob(u).sum(-1) - squash
         return action, log_prob
 
     def mode(self, obs, skill):
-        return torch.tanh(self(obs, skill)[0])
+        mean, _ = self(obs, skill)
+        return torch.tanh(mean)
 
 
-class ReplayBuffer:
-    """Whole trajectories, each observation (a stack's newest frame) stored once, (s, a, s', z) drawn uniformly
-    with replacement on `device` (None: numpy, on the host)."""
-
-    def __init__(self, capacity, horizon, space, frame_stack, action_dim, skill_dim, rng, device=None):
-        frame_shape, n = space.shape[:-1] + (space.shape[-1] // frame_stack,), capacity // horizon
-        self.horizon, self.rng, self.device, self.pos, self.num_stored, self.size = horizon, rng, device, 0, 0, 0
-        zeros = np.zeros if device is None else (  # on the device: no host copy
-            lambda shape, dtype: torch.zeros(shape, dtype=getattr(torch, np.dtype(dtype).name), device=device))
-        self.frames = zeros((n, horizon + 1, *frame_shape), space.dtype)
-        self.actions = zeros((n, horizon, action_dim), np.float32)
-        self.skills = zeros((n, skill_dim), np.float32)
-        self.frame_offsets = self.to_storage(np.arange(1 - frame_stack, 2))
-        self.generator = None if device is None else torch.Generator(device).manual_seed(int(rng.integers(2**62)))
-
-    def to_storage(self, array, dtype=None):  # a host array as the storage holds it
-        return array if self.device is None else torch.as_tensor(array, dtype=dtype, device=self.device)
-
-    def add(self, observations, actions, skills):
-        """observations (n, horizon + 1, ...), the final last; actions (n, horizon, |A|); skills (n, d)."""
-        n, capacity = len(observations), len(self.frames)
-        idx = self.to_storage((self.pos + np.arange(n)) % capacity)
-        newest = observations[..., -self.frames.shape[-1]:]
-        for storage, value in ((self.frames, newest), (self.actions, actions), (self.skills, skills)):
-            storage[idx] = self.to_storage(value, storage.dtype)
-        self.pos, self.num_stored = (self.pos + n) % capacity, min(self.num_stored + n, capacity)
-        self.size = self.num_stored * self.horizon
-
-    def sample(self, batch_size, device, rng=None):
-        """A minibatch on `device` ("last": 1 at a trajectory's end), drawn where the buffer is (`rng`: the host)."""
-        i = (self.to_storage((rng or self.rng).integers(0, self.size, batch_size)) if self.device is None or rng
-             else torch.randint(0, self.size, (batch_size,), generator=self.generator, device=self.device))
-        trajectory, t = i // self.horizon, i % self.horizon
-        steps = (t[:, None] + self.frame_offsets).clip(min=0)  # frames t-k+1..t+1
-        batch = {"frames": self.frames[trajectory[:, None], steps], "action": self.actions[trajectory, t],
-                 "skill": self.skills[trajectory], "last": t == self.horizon - 1}
-        if self.device is None:
-            batch = {key: torch.from_numpy(value) for key, value in batch.items()}
-            if torch.device(device).type == "cuda":
-                batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
-        frames = batch.pop("frames")  # (B, k + 1, ...), stacked along the last axis
-        return {"obs": frames[:, :-1].movedim(1, -2).flatten(-2).contiguous(), "last": batch.pop("last").float(),
-                "next_obs": frames[:, 1:].movedim(1, -2).flatten(-2).contiguous(), **batch}
-
-    def state_dict(self):  # tensors over the stored part, not pickled copies
-        n = self.num_stored
-        return {"pos": self.pos, "num_stored": n, "frames": torch.as_tensor(self.frames[:n]).cpu(),
-                "actions": torch.as_tensor(self.actions[:n]).cpu(), "skills": torch.as_tensor(self.skills[:n]).cpu(),
-                "generator": None if self.generator is None else self.generator.get_state()}
-
-    def load_state_dict(self, state):
-        self.pos, self.num_stored, self.size = state["pos"], state["num_stored"], state["num_stored"] * self.horizon
-        for name in ("frames", "actions", "skills"):
-            getattr(self, name)[:self.num_stored] = state[name] if self.device is None else state[name].to(self.device)
-        if self.generator is not None and state.get("generator") is not None:  # None: moved to the device
-            self.generator.set_state(state["generator"])
-
-
-def main(args, ckpt=None):
-    """CIC epoch by epoch (iod/iod.py): evaluate, collect, update; and checkpoints, logs, the NaN stop."""
-    spec = envs.ENV_SPECS[args.env_id]
-    steps_per_epoch = args.num_envs * spec.horizon
-    num_epochs = args.total_env_steps // steps_per_epoch
-    run_name, run_dir, writer = start_run(args, ckpt)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    rng, eval_rng = np.random.default_rng(args.seed), np.random.default_rng(args.seed + 1)  # replay, evaluation
-    eval_generator = torch.Generator().manual_seed(args.seed + 1)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")  # TF32
-    try:  # envs never reset on their own
-        train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
-                                               args.num_eval_skills, args.seed, 4 * args.capture_video,
-                                               args.parallel_envs)
-    except (envs.RenderUnavailable, MemoryError) as e:  # too many, or a world that cannot render
-        error(e)
-    space = train_envs.single_observation_space  # a state, or 64×64 RGB frames
-    action_dim, d, hidden = train_envs.single_action_space.shape[0], args.skill_dim, args.hidden_dim
-    check_memory(args, space, action_dim, spec.horizon, spec.frame_stack, device)
-    phi, (encoder, features) = nn.Sequential(), envs.make_encoder(space)  # each net has its encoder
-    phi.encoder, phi.net = encoder, mlp(features, hidden, d, nn.ReLU, nn.init.xavier_uniform_)  # φ(s) ∈ R^d
-    phi.to(device)
-    predictor = mlp(2 * d, hidden, d, nn.ReLU, nn.init.xavier_uniform_).to(device)  # g(φ(s), φ(s'))
-    skill_net = skill_encoder(d, hidden).to(device)  # h(z)
-    qf = [QNetwork(space, action_dim, d, hidden).to(device) for _ in range(2)]  # twins, as SAC's
-    qf_target = [QNetwork(space, action_dim, d, hidden).to(device) for _ in qf]
-    for net, target in zip(qf, qf_target):
-        target.load_state_dict(net.state_dict())
-    actor = Actor(space, action_dim, d, hidden).to(device)
-    if args.bf16:
-        envs.encoders_in_bf16(phi, *qf, *qf_target, actor)
-    log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
-    target_entropy = -action_dim / 2  # H̄ = -|A|/2, half the usual (iod/sac_utils.py)
-    adam = adam_options(args, device)
-    phi_optimizer = torch.optim.Adam([*phi.parameters(), *predictor.parameters(), *skill_net.parameters()], **adam)
-    qf_params, qf_target_params = ([param for net in nets for param in net.parameters()] for nets in (qf, qf_target))
-    qf_optimizer = torch.optim.Adam(qf_params, **adam)  # on the sum of the twins' losses
-    actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
-    alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
-    rb = ReplayBuffer(args.buffer_size, spec.horizon, space, spec.frame_stack, action_dim, d, rng,
-                      device if args.buffer_on_device else None)
-    moments = RunningMoments(device)  # of the kNN distances
-    modules = {"phi": phi, "predictor": predictor, "skill_net": skill_net, "moments": moments,  # checkpoint keys
-               "qf1": qf[0], "qf2": qf[1], "qf1_target": qf_target[0], "qf2_target": qf_target[1], "actor": actor,
-               "phi_optimizer": phi_optimizer, "qf_optimizer": qf_optimizer, "actor_optimizer": actor_optimizer,
-               "alpha_optimizer": alpha_optimizer, "log_alpha": log_alpha}
-    streams = rng, eval_rng, eval_generator, (train_envs, eval_envs)
-    start_epoch, grad_steps, wall_time, window = (
-        restore_checkpoint(ckpt, args, run_dir, modules, rb, streams, device) if ckpt else (0, 0, 0.0, new_window()))
-
-    def update(batch):
-        """One step (iod/lsd.py): CPC, the new φ's kNN reward, Q, π, α, Q̄; its stats stay on the device."""
-        obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
-        done = batch["last"] if args.time_limit_terminal else torch.zeros_like(batch["last"])
-        alpha = log_alpha.exp().detach()
-        with record_function("phi step"):
-            phi_loss = cpc_loss(skill_net(skill), predictor(torch.cat([phi(obs), phi(next_obs)], -1)), args.temperature)
-            phi_optimizer.zero_grad()
-            phi_loss.backward()
-            phi_optimizer.step()
-            with torch.no_grad():
-                reward = knn_reward(phi(obs), phi(next_obs), args.knn_k, moments)
-        with record_function("qf step"):  # L(Q) = Σ_k 0.5 E[(Q_k(s, a, z) - y)²]
-            with torch.no_grad():
-                next_action, next_log_prob = actor.sample(next_obs, skill)
-                next_q = torch.stack([net(next_obs, skill, next_action) for net in qf_target])
-                target = critic_target(reward, done, next_q, next_log_prob, alpha, args.gamma)
-            qf_loss = sum(0.5 * F.mse_loss(net(obs, skill, action), target) for net in qf)
-            qf_optimizer.zero_grad()
-            qf_loss.backward()
-            qf_optimizer.step()
-        with record_function("actor step"):  # L(π) = E[α log π(a|s, z) - min_k Q_k(s, a, z)]
-            for param in qf_params:  # gradients through Q to a, not into Q
-                param.requires_grad_(False)
-            new_action, log_prob = actor.sample(obs, skill)
-            actor_loss = (alpha * log_prob - torch.stack([net(obs, skill, new_action) for net in qf]).amin(0)).mean()
-            actor_optimizer.zero_grad()
-            actor_loss.backward()
-            actor_optimizer.step()
-            for param in qf_params:
-                param.requires_grad_(True)
-        with record_function("alpha step"):  # L(α) = -E[log α (log π(a|s, z) + H̄)]; then Q̄ ← (1 - τ) Q̄ + τ Q
-            alpha_loss = -(log_alpha * (log_prob.detach() + target_entropy)).mean()
-            alpha_optimizer.zero_grad()
-            alpha_loss.backward()
-            alpha_optimizer.step()
-            with torch.no_grad():
-                torch._foreach_lerp_(qf_target_params, qf_params, args.tau)
-        return {"cpc_loss": phi_loss.detach(), "qf_loss": qf_loss.detach(), "actor_loss": actor_loss.detach(),
-                "alpha_loss": alpha_loss.detach(), "knn_reward": reward.mean(), "alpha": alpha}
-
-    update = fast_path(update, args, device)  # --compile, --cudagraphs
-    start = time.time()
-    for epoch in range(start_epoch, num_epochs + 1):
-        if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
-            window = evaluate(epoch, grad_steps, wall_time + time.time() - start, window, args, actor, phi, rb,
-                              eval_envs, streams, device, run_dir, writer)
-        if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
-            save_checkpoint(run_dir, args, run_name, epoch, grad_steps, wall_time + time.time() - start, window,
-                            modules, rb, streams, device)
-        if epoch == num_epochs:
-            break
-
-        # a trajectory per env, a skill z ~ N(0, I_d) each (unit_length 0)
-        skills = torch.randn(args.num_envs, d).to(device)
-        obs, _ = train_envs.reset()
-        observations, actions = [obs], []
-        with torch.no_grad(), record_function("collection"):
-            for t in range(spec.horizon):
-                action = finite(actor.sample(torch.as_tensor(obs, device=device), skills)[0], epoch)
-                obs, _, terminated, truncated, _ = train_envs.step(action)
-                assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all(), (t, terminated, truncated)
-                observations.append(obs)  # never terminal: the final obs last
-                actions.append(action)
-        rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
-        window["env_steps"] += steps_per_epoch
-
-        train_start, step_stats = time.time(), []
-        for _ in range(args.grad_steps_per_epoch if rb.size >= args.learning_starts else 0):
-            with record_function("sampling"):
-                batch = rb.sample(args.batch_size, device)
-            step_stats.append(update(batch))
-        grad_steps += len(step_stats)
-        log_epoch(args, writer, epoch, grad_steps, step_stats, time.time() - train_start, window,
-                  (epoch + 1 - start_epoch) * steps_per_epoch / (time.time() - start), run_dir)
-
-    for opened in (train_envs, eval_envs, writer):
-        opened.close()
-    if args.track:
-        import wandb
-        wandb.finish()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as before the run
-    print(f"done: {run_dir}")
-
-
-# INFRASTRUCTURE: the command line, start-up, the fast path, checkpoints, evaluation, logging
-def parse_args(argv=None):
-    """The flags, unset ones the env's (--resume: the run's but RESUME_MAY_CHANGE's); a bad one ends the run."""
-    args, ckpt = tyro.cli(Args, args=argv), None
-    if args.resume:
-        if not os.path.isfile(args.resume):
-            error(f"no checkpoint file at {args.resume}")
-        try:
-            ckpt = torch.load(args.resume, map_location="cpu", weights_only=False)
-        except Exception as e:  # noqa: BLE001
-            error(f"{args.resume} is not a readable checkpoint ({type(e).__name__})")
-        if not isinstance(ckpt, dict) or "agent" not in ckpt:
-            error(f"{args.resume} is not a cleanmisl checkpoint")
-        if ckpt["agent"] != AGENT:
-            error(f"{args.resume} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
-        if set(ckpt["args"]) - {field.name for field in fields(Args)} or "since_eval" not in ckpt:
-            error(f"{args.resume} was written by another version of {AGENT}.py")
-        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
-        for flag, trained in ckpt["args"].items():
-            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
-                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
-    for flag, value in env_defaults(args.env_id).items():
-        setattr(args, flag, value if getattr(args, flag) is None else getattr(args, flag))
-    args.checkpoint_every = args.eval_every if args.checkpoint_every is None else args.checkpoint_every
-    for flag, interval in FLAG_RANGES.items():
-        low, high, value = *(float(end) for end in interval[1:-1].split(",")), getattr(args, flag)
-        if not ((low <= value if interval[0] == "[" else low < value) and  # both False for NaN
-                (value <= high if interval[-1] == "]" else value < high)):
-            error(f"--{flag.replace('_', '-')} must be in {interval}, got {value}")
-    if args.knn_k > args.batch_size:
-        error(f"--knn-k must be at most --batch-size (the batch holds the neighbours), got {args.knn_k}")
-    horizon = envs.ENV_SPECS[args.env_id].horizon
-    epoch = args.num_envs * horizon  # env steps (and transitions) per epoch
-    for flag, verb, unit in (("buffer_size", "hold", "transitions"), ("total_env_steps", "cover", "env steps")):
-        if getattr(args, flag) < epoch:
-            error(f"--{flag.replace('_', '-')} must {verb} one epoch (--num-envs × {horizon} = {epoch} {unit}), "
-                  f"got {getattr(args, flag)}")
-    stored = min(args.total_env_steps // epoch * epoch, args.buffer_size // horizon * horizon)
-    if args.grad_steps_per_epoch and args.learning_starts > stored:
-        error(f"--learning-starts must be at most --total-env-steps and --buffer-size in whole epochs and trajectories "
-              f"({stored}), or the run never learns; got {args.learning_starts}")
-    if ckpt and args.total_env_steps // epoch <= ckpt["epoch"]:
-        error(f"{args.resume} has already trained for {ckpt['epoch'] * epoch} env steps; give a larger "
-              f"--total-env-steps to continue it")
-    return args, ckpt
-
-
-def env_defaults(env_id):
-    """The paper's value of each env-dependent flag (d = 64, App. B.3; CIC's eval periods: HalfCheetah 500)."""
-    spec = envs.ENV_SPECS[env_id]
-    return {"skill_dim": 64, "total_env_steps": spec.total_env_steps, "num_envs": spec.num_envs,
-            "grad_steps_per_epoch": spec.grad_steps_per_epoch, "buffer_size": spec.buffer_size,
-            "eval_every": 500 if env_id == "HalfCheetah" else spec.eval_every}
-
-
-def start_run(args, ckpt):
-    """The run's name, folder (a resumed run's is its checkpoint's) and writer; Ctrl-C; W&B; the flags."""
-    run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    signal.signal(signal.SIGINT, lambda *_: error("interrupted", run_dir))
-    if args.track:
-        import wandb
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name.replace("/", "_"))
-    # TensorBoard: a failed write raises at the next add_scalar, not in its thread
-    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters",
-                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    print(f"{args.env_id} (horizon {envs.ENV_SPECS[args.env_id].horizon}): " + ", ".join(
-        f"--{flag.replace('_', '-')} {getattr(args, flag)}" for flag in (*env_defaults(args.env_id), "checkpoint_every")
-    ) + (" (the run's own)" if ckpt else " (unset: the paper's values for the env)"), flush=True)
-    return run_name, run_dir, writer
-
-
-def check_memory(args, space, action_dim, horizon, frame_stack, device):
-    """Refuse, before allocating, a run that cannot fit in the free memory, with its parts' lower bounds."""
-    frame_bytes = math.prod(space.shape) // frame_stack * space.dtype.itemsize
-    trajectory_bytes = (horizon + 1) * frame_bytes + 4 * (horizon * action_dim + args.skill_dim)
-    host = {"the replay buffer (--buffer-size)": args.buffer_size // horizon * trajectory_bytes}
-    on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (6 * 4 + 2), "one batch (--batch-size)":
-                 4 * args.batch_size * (2 * math.prod(space.shape) + 8 * args.hidden_dim)}
-    if args.buffer_on_device:
-        host, on_device = {}, {**host, **on_device}
-    places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
-    for place, parts in places.items():
-        free = torch.cuda.mem_get_info(device)[0] if place == "GPU" else envs.free_host_memory()
-        if sum(parts.values()) > free:
-            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: " + ", ".join(
-                f"{name} {size / 2**30:,.1f}" for name, size in parts.items()) + f"; {free / 2**30:,.1f} GiB is free")
-
-
-def adam_options(args, device):
-    """foreach Adam (torch.compile fuses it); fused under --cudagraphs alone; capturable under a CUDA graph."""
-    fused = args.cudagraphs and not args.compile
-    capturable = args.cudagraphs and device.type == "cuda"
-    return {"lr": args.lr, "fused": fused, "foreach": not fused, "capturable": capturable}
-
-
-def fast_path(update, args, device):
-    """The step compiled as one function (on a CPU with eager's random draws), on a GPU one CUDA graph."""
-    if args.compile:
-        torch._inductor.config.fallback_random = device.type == "cpu"
-        update = torch.compile(update)
-    if args.cudagraphs and device.type != "cuda":
-        print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them", flush=True)
-    return CudaGraphStep(update) if args.cudagraphs and device.type == "cuda" else update
-
-
-class CudaGraphStep:
-    """`step(batch) -> stats` as one CUDA graph: 3 real steps, then one recorded on a static batch, replayed."""
-
-    def __init__(self, step):
-        self.step, self.calls, self.graph = step, 0, None
-
-    def __call__(self, batch):
-        if self.calls < 3:
-            self.calls += 1
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")
-                stats = self.step(batch)
-            torch.cuda.current_stream().wait_stream(side)
-            return stats
-        if self.graph is None:
-            self.batch, self.graph = {key: value.clone() for key, value in batch.items()}, torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.stats = self.step(self.batch)
-        for key, value in batch.items():
-            self.batch[key].copy_(value)
-        self.graph.replay()
-        return {name: value.clone() for name, value in self.stats.items()}
-
-
-def save_checkpoint(run_dir, args, run_name, epoch, grad_steps, wall_time, window, modules, rb, streams, device):
-    """All a resumed run needs to go on as this one would, written atomically; never a NaN or inf."""
-    def non_finite(state, prefix=""):  # names of tensors with a NaN or inf
-        if torch.is_tensor(state):
-            return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
-        items = (state.items() if isinstance(state, dict) else
-                 enumerate(state) if isinstance(state, (list, tuple)) else [])
-        return [name for key, value in items for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
-
-    rng, eval_rng, eval_generator, vector_envs = streams
-    state = {name: module.detach().cpu() if torch.is_tensor(module) else module.state_dict()
-             for name, module in modules.items()}
-    diverged = non_finite(state)
-    if diverged:  # e.g. Adam's moments overflowed
-        error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged",
-              run_dir)
-    state.update({"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
-                  "wall_time": wall_time, "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(),
-                  "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
-                  "numpy_rng": rng.bit_generator.state, "eval_numpy_rng": eval_rng.bit_generator.state,
-                  "eval_torch_rng": eval_generator.get_state(),
-                  "env_rngs": [rng_state for vector in vector_envs for rng_state in envs.env_rng_states(vector)],
-                  "since_eval": {**window, "start": time.time() - window["start"]}})
-    write_atomically(os.path.join(run_dir, "checkpoint.pt"), lambda tmp: torch.save(state, tmp), run_dir)
-
-
-def restore_checkpoint(ckpt, args, run_dir, modules, rb, streams, device):
-    """A checkpoint's state back (with this run's Adam options); eval.jsonl's later lines dropped."""
-    rng, eval_rng, eval_generator, (train_envs, eval_envs) = streams
-    try:
-        for name, module in modules.items():
-            if torch.is_tensor(module):
-                module.data.copy_(ckpt[name])
-                continue
-            module.load_state_dict(ckpt[name])
-            for group in getattr(module, "param_groups", []):  # an optimizer: this run's options
-                group.update({key: value for key, value in adam_options(args, device).items() if key != "lr"})
-                for param in group["params"]:  # step counts where fused/capturable Adam wants them
-                    if "step" in module.state.get(param, {}):
-                        place = param.device if group["fused"] or group["capturable"] else "cpu"
-                        module.state[param]["step"] = module.state[param]["step"].to(place, torch.float32)
-        rb.load_state_dict(ckpt["buffer"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        if device.type == "cuda" and ckpt["cuda_rng"] is not None:
-            restore_cuda_rng(ckpt["cuda_rng"])
-        eval_generator.set_state(ckpt["eval_torch_rng"])
-        rng.bit_generator.state, eval_rng.bit_generator.state = ckpt["numpy_rng"], ckpt["eval_numpy_rng"]
-        envs.set_env_rng_states(train_envs, ckpt["env_rngs"][:train_envs.num_envs])
-        envs.set_env_rng_states(eval_envs, ckpt["env_rngs"][train_envs.num_envs:])
-        saved = ckpt["since_eval"]  # start: seconds before saving
-        window = {**saved, "stats": [{name: value.to(device) for name, value in means.items()}
-                                     for means in saved["stats"]], "start": time.time() - saved["start"]}
-    except (KeyError, RuntimeError, ValueError, AttributeError) as e:
-        error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
-    log_path, kept = os.path.join(run_dir, "eval.jsonl"), []
-    if os.path.isfile(log_path):
-        lines = [line for line in pathlib.Path(log_path).read_text().split("\n") if line.strip()]
-        for number, line in enumerate(lines, 1):
-            try:
-                kept += [line + "\n"] if json.loads(line)["epoch"] <= ckpt["epoch"] else []
-            except (ValueError, KeyError, TypeError):  # a torn last line is dropped
-                if number < len(lines):
-                    error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
-                print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
-        write_atomically(log_path, lambda tmp: pathlib.Path(tmp).write_text("".join(kept)), run_dir)
-    env_steps = ckpt["epoch"] * args.num_envs * envs.ENV_SPECS[args.env_id].horizon
-    print(f"resumed {ckpt['run_name']} at epoch {ckpt['epoch']} ({env_steps:,} env steps)")
-    return ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"], window
-
-
-def restore_cuda_rng(states):
-    """The CUDA RNG states of the GPUs here (maybe fewer than the run's)."""
-    for index, state in enumerate(states[: torch.cuda.device_count()]):
-        torch.cuda.set_rng_state(state, index)
-
-
-@torch.no_grad()
-@record_function("evaluation")
-def evaluate(epoch, grad_steps, wall_time, window, args, actor, phi, rb, eval_envs, streams, device, run_dir, writer):
-    """Rollouts of fresh skills (iod/metra.py) → eval.jsonl (coverage, E‖Δφ‖², the window), plot, video."""
-    per_epoch = [torch.stack(list(means.values())) for means in window["stats"]]
-    stats = dict(zip(window["stats"][0], torch.stack(per_epoch).mean(0).tolist())) if per_epoch else {}
-    stats |= {"sps": window["env_steps"] / (time.time() - window["start"])} if window["env_steps"] else {}
-    stats |= {"ms_per_grad_step": 1000 * window["train_time"] / window["grad_steps"]} if window["grad_steps"] else {}
-    spec, videos = envs.ENV_SPECS[args.env_id], eval_envs.video_envs
-    _, eval_rng, eval_generator, _ = streams
-    z = torch.randn(args.num_eval_skills, args.skill_dim, generator=eval_generator)  # z ~ p(z)
-    skills = z.to(device)
-    (obs, info), coordinates, frames = eval_envs.reset(), [], []
-    for t in range(spec.horizon + 1):  # after the reset and every step
-        if t:
-            obs, _, _, _, info = eval_envs.step(finite(actor.mode(torch.as_tensor(obs, device=device), skills), epoch))
-        coordinates.append(info["coordinates"])
-        frames += [np.concatenate(envs.render_envs(eval_envs, videos), 1)] if videos else []
-    paths, env_steps = np.stack(coordinates, 1), epoch * args.num_envs * spec.horizon
-    result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps, "wall_time": round(wall_time, 2),
-              "coverage": envs.coverage(paths, args.env_id)}
-    if rb.size > 0:  # E‖φ(s') - φ(s)‖², 1000 transitions at a time
-        n = min(10_000, rb.size)
-        batches = (rb.sample(min(1000, n - i), device, rng=eval_rng) for i in range(0, n, 1000))
-        result["dphi_sq"] = torch.cat([(phi(b["next_obs"]) - phi(b["obs"])).pow(2).sum(-1)
-                                       for b in batches]).mean().item()
-    result |= {**stats, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
-    z = z.numpy()
-    fig, ax = plt.subplots(figsize=(5, 5))  # coloured by the angle of (z_0, z_1)
-    angle = np.arctan2(z[:, 1], z[:, 0]) if args.skill_dim > 1 else np.pi * (z[:, 0] > 0)
-    envs.draw_coordinates(ax, paths, plt.cm.hsv((angle + np.pi) / (2 * np.pi)), args.env_id)
-    ax.set_title(f"CIC {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}")
-    fig.tight_layout()
-    write_atomically(os.path.join(run_dir, f"skills_{env_steps:010d}.png"), lambda tmp: fig.savefig(tmp, dpi=100),
-                     run_dir)
-    plt.close(fig)
-    if videos:
-        import imageio
-        os.makedirs(os.path.join(run_dir, "videos"), exist_ok=True)
-        write_atomically(os.path.join(run_dir, "videos", f"skills_{env_steps:010d}.mp4"),
-                         lambda tmp: imageio.mimsave(tmp, frames, fps=20), run_dir)
-    for key in {"coverage", "dphi_sq"} & result.keys():
-        writer.add_scalar(f"eval/{key}", result[key], env_steps)
-    log_path = os.path.join(run_dir, "eval.jsonl")
-    logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
-    write_atomically(log_path, lambda tmp: pathlib.Path(tmp).write_text(logged + json.dumps(result) + "\n"), run_dir)
-    print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | " + " | ".join(
-        f"{k} {result[k]:.4g}" for k in ("dphi_sq", *stats) if k in result), flush=True)
-    return new_window()
-
-
-def new_window():
-    """Since the last evaluation: each trained epoch's named means, and the speeds."""
-    return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
-
-
-def log_epoch(args, writer, epoch, grad_steps, step_stats, train_time, window, sps, run_dir):
-    """An epoch's means to the window and TensorBoard (a NaN or inf loss ends the run); the time left."""
-    env_steps = (epoch + 1) * args.num_envs * envs.ENV_SPECS[args.env_id].horizon
-    if step_stats:
-        names = list(step_stats[0])
-        per_step = torch.stack([torch.stack(list(stats.values())) for stats in step_stats])
-        bad = ~torch.isfinite(per_step) & torch.tensor([n.endswith("_loss") for n in names], device=per_step.device)
-        if bad.any():
-            step, which = bad.nonzero()[0].tolist()
-            error(f"{names[which]} is {per_step[step, which].item()} at gradient step "
-                  f"{grad_steps - len(step_stats) + step + 1} (epoch {epoch})", run_dir)
-        means = per_step.mean(0)
-        window["stats"].append(dict(zip(names, means)))
-        window["grad_steps"] += len(step_stats)
-        window["train_time"] += train_time
-        for name, value in zip(names, means.tolist()):
-            writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
-    writer.add_scalar("charts/SPS", int(sps), env_steps)
-    writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
-    if (epoch + 1) % 10 == 0:
-        last = {name: value.item() for name, value in window["stats"][-1].items()} if window["stats"] else {}
-        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {int(sps)} | "
-              f"{duration((args.total_env_steps - env_steps) / sps)} left | "
-              + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
-
-
-def duration(seconds):
-    """A time span as people read it: "45 s", "12 min", "3 h 05 min"."""
-    minutes = round(seconds / 60)
-    return (f"{seconds:.0f} s" if seconds < 60 else f"{minutes} min" if minutes < 60
-            else f"{minutes // 60} h {minutes % 60:02d} min")
-
-
-def finite(action, epoch):
-    """The action as an array for the envs; a NaN or inf ends the run."""
+def env_actions(actor, obs, skill, epoch, deterministic=False):
+    """The policy's actions for the envs, as numpy: sampled, or its mode. A NaN or inf one ends the run."""
+    obs = torch.as_tensor(obs, device=skill.device)
+    if deterministic:
+        action = actor.mode(obs, skill)
+    else:
+        action, _ = actor.sample(obs, skill)
     action = action.cpu().numpy()
     if not np.isfinite(action).all():
         error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
     return action
 
 
+def optimize(optimizer, loss):
+    """One gradient step of `optimizer`'s parameters alone (a gradient may flow through other networks)."""
+    params = optimizer.param_groups[0]["params"]  # one group
+    optimizer.zero_grad()
+    loss.backward(inputs=params)
+    optimizer.step()
+
+
+def main(args, ckpt=None):
+    """CIC epoch by epoch (iod/iod.py: IOD.train): evaluate, checkpoint, collect, update."""
+    spec = envs.ENV_SPECS[args.env_id]
+    steps_per_epoch = args.num_envs * spec.horizon
+    num_epochs = args.total_env_steps // steps_per_epoch
+    torch.manual_seed(args.seed)  # the networks, skills and policy noise
+    use_gpu = torch.cuda.is_available() and args.cuda
+    device = torch.device("cuda" if use_gpu else "cpu")
+    torch.set_float32_matmul_precision("high" if use_gpu else "highest")  # TF32 on a GPU
+    make_env = functools.partial(envs.make_env, args.env_id)
+    num_videos = 4 * args.capture_video  # the rollouts filmed at each evaluation
+    train_envs, eval_envs = envs.make_envs(
+        make_env, args.num_envs, args.num_eval_skills, args.seed, num_videos, args.parallel_envs)
+    space = train_envs.single_observation_space  # a state vector, or stacked RGB frames
+    action_dim = train_envs.single_action_space.shape[0]
+    d = args.skill_dim
+    hidden = args.hidden_dim
+    phi = Phi(space, d, hidden).to(device)
+    predictor = mlp(2 * d, hidden, d, nn.ReLU, nn.init.xavier_uniform_).to(device)  # g(φ(s), φ(s'))
+    skill_net = skill_encoder(d, hidden).to(device)  # h(z)
+    qf = nn.ModuleList([QNetwork(space, action_dim, d, hidden) for _ in range(2)]).to(device)
+    qf_target = nn.ModuleList([QNetwork(space, action_dim, d, hidden) for _ in qf]).to(device)
+    qf_target.load_state_dict(qf.state_dict())
+    actor = Actor(space, action_dim, d, hidden).to(device)
+    if args.bf16:
+        envs.encoders_in_bf16(phi, qf, qf_target, actor)
+    log_alpha = torch.tensor(math.log(args.alpha_init), device=device)
+    log_alpha.requires_grad_()
+    target_entropy = -action_dim / 2  # H̄ = -|A|/2, the official code's
+    moments = torch.tensor([0.0, 1.0, 1e-4], dtype=torch.float64, device=device)  # the kNN distances' mean, σ², count
+    fused = args.cudagraphs and not args.compile  # fused Adam under --cudagraphs alone, else foreach (compile fuses it)
+    capturable = args.cudagraphs and use_gpu  # under a CUDA graph, Adam's state on the GPU
+    adam = {"lr": args.lr, "fused": fused, "foreach": not fused, "capturable": capturable}
+    cpc_params = [*phi.parameters(), *predictor.parameters(), *skill_net.parameters()]
+    phi_optimizer = torch.optim.Adam(cpc_params, **adam)  # φ, g and h
+    qf_optimizer = torch.optim.Adam(qf.parameters(), **adam)  # both Q, on their loss sum
+    actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
+    alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
+    rng = np.random.default_rng(args.seed)  # the replay draws
+    buffer_device = None  # on the host
+    if args.buffer_on_device: buffer_device = device
+    rb = ReplayBuffer(
+        args.buffer_size, spec.horizon, space, spec.frame_stack, action_dim, d, rng, buffer_device)
+    learned = dict(  # what a checkpoint saves, under these names
+        phi=phi, predictor=predictor, skill_net=skill_net, qf=qf, qf_target=qf_target, actor=actor,
+        log_alpha=log_alpha, moments=moments, buffer=rb, phi_optimizer=phi_optimizer,
+        qf_optimizer=qf_optimizer, actor_optimizer=actor_optimizer, alpha_optimizer=alpha_optimizer)
+    run, progress = start_run(args, ckpt, learned, train_envs, eval_envs, device)
+
+    def update(obs, action, next_obs, skill, last):
+        """One step (iod/lsd.py): CPC, the new φ's kNN reward r, Q by TD on r, π, α. Stats on the device."""
+        alpha = log_alpha.exp().detach()
+        with record_function("phi step"):  # φ, g and h
+            query = skill_net(skill)
+            transitions = torch.cat([phi(obs), phi(next_obs)], -1)
+            key = predictor(transitions)
+            phi_loss = cpc_loss(query, key, args.temperature)
+            optimize(phi_optimizer, phi_loss)
+            with torch.no_grad():
+                reward = knn_reward(phi(obs), phi(next_obs), args.knn_k, moments)
+        with record_function("qf step"):  # L(Q) = Σ_k ½ E[(Q_k(s, a, z) - y)²]; then Q̄ ← (1 - τ) Q̄ + τ Q
+            done = last * args.time_limit_terminal  # 1 at a trajectory's last step; never, without the flag
+            with torch.no_grad():
+                next_action, next_log_prob = actor.sample(next_obs, skill)
+                next_q = [net(next_obs, skill, next_action) for net in qf_target]
+                next_q = torch.stack(next_q)
+                target = critic_target(reward, done, next_q, next_log_prob, alpha, args.gamma)
+            losses = [0.5 * F.mse_loss(net(obs, skill, action), target) for net in qf]
+            qf_loss = sum(losses)
+            optimize(qf_optimizer, qf_loss)
+            with torch.no_grad():
+                targets = list(qf_target.parameters())
+                torch._foreach_lerp_(targets, list(qf.parameters()), args.tau)
+        with record_function("actor step"):
+            actor_loss, log_prob = actor_objective(actor, qf, obs, skill, alpha)
+            optimize(actor_optimizer, actor_loss)
+        with record_function("alpha step"):
+            alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
+            optimize(alpha_optimizer, alpha_loss)
+        return {"cpc_loss": phi_loss.detach(), "qf_loss": qf_loss.detach(),
+                "actor_loss": actor_loss.detach(), "alpha_loss": alpha_loss.detach(),
+                "knn_reward": reward.mean(), "alpha": alpha}
+
+    update = fast_path(update, args, device)
+    start_epoch = progress["epoch"]
+    for epoch in range(start_epoch, num_epochs + 1):
+        epoch_start = time.time()
+        progress["epoch"] = epoch
+        final = epoch == num_epochs
+        # evaluate and checkpoint what the previous epochs made (a resumed run skips both at its first epoch)
+        if (epoch % args.eval_every == 0 or final) and not (ckpt and epoch == start_epoch):
+            evaluate(run, progress, args, actor, phi, rb, device)
+        if (epoch % args.checkpoint_every == 0 or final) and epoch != start_epoch:
+            save_checkpoint(run, progress, args, learned, device)
+        if final:
+            break
+        # a trajectory per env and skill z ~ N(0, I_d) (unit_length 0), from the stochastic policy
+        collect_start = time.time()
+        skills = torch.randn(args.num_envs, d).to(device)
+        obs, _ = train_envs.reset()
+        observations = [obs]
+        actions = []
+        with torch.no_grad(), record_function("collection"):
+            for t in range(spec.horizon):
+                action = env_actions(actor, obs, skills, epoch)
+                obs, _, terminated, truncated, _ = train_envs.step(action)
+                assert not terminated.any()  # never terminal, cut at the horizon: the buffer's layout
+                assert (truncated == (t == spec.horizon - 1)).all()
+                observations.append(obs)  # the last one: the trajectory's final observation
+                actions.append(action)
+        observations = np.stack(observations, 1)
+        actions = np.stack(actions, 1)
+        rb.add(observations, actions, skills)
+        # gradient steps, once learning_starts transitions are stored
+        train_start = time.time()
+        step_stats = []
+        if rb.size >= args.learning_starts:
+            for _ in range(args.grad_steps_per_epoch):
+                with record_function("sampling"):
+                    batch = rb.sample(args.batch_size, device)
+                stats = update(**batch)
+                step_stats.append(stats)
+        progress["grad_steps"] += len(step_stats)
+        progress["wall_time"] += time.time() - epoch_start
+        log_epoch(run, progress, args, step_stats, collect_start, train_start)  # a NaN loss ends the run here
+    train_envs.close()
+    eval_envs.close()
+    run.writer.close()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as before the run
+    print(f"done: {run.dir}")
+
+
+# INFRASTRUCTURE: the replay buffer, command line, start-up, fast path, checkpoints, evaluation, logs. A second
+# reading.
+class ReplayBuffer:
+    """A ring of whole trajectories (path_buffer_ex.py), each frame once; on the host, or on `device` (drawn there).
+    A batch's "last" is 1 at a trajectory's last step."""
+    def __init__(self, capacity, horizon, space, frame_stack, action_dim, skill_dim, rng, device=None):
+        n = capacity // horizon  # trajectories
+        frame_shape = (*space.shape[:-1], space.shape[-1] // frame_stack)
+        dtype = getattr(torch, space.dtype.name)  # uint8 frames, or float32 states
+        self.frames = torch.empty(n, horizon + 1, *frame_shape, dtype=dtype, device=device)
+        self.actions = torch.empty(n, horizon, action_dim, device=device)
+        self.skills = torch.empty(n, skill_dim, device=device)
+        self.horizon = horizon
+        self.frame_stack = frame_stack
+        self.rng = rng
+        self.on_device = device is not None
+        self.added = 0  # trajectories, ever
+
+    @property
+    def size(self):  # stored transitions
+        return min(self.added, len(self.skills)) * self.horizon
+
+    def add(self, observations, actions, skills):
+        """Whole trajectories: observations (n, horizon + 1, ...), actions (n, horizon, |A|), skills (n, d)."""
+        slots = torch.arange(self.added, self.added + len(skills)) % len(self.skills)
+        newest_frames = observations[..., -self.frames.shape[-1]:]
+        self.frames[slots] = torch.as_tensor(newest_frames).to(self.frames)
+        self.actions[slots] = torch.as_tensor(actions).to(self.actions)
+        self.skills[slots] = torch.as_tensor(skills).to(self.skills)
+        self.added += len(skills)
+
+    def sample(self, batch_size, device, rng=None):
+        """s, a, s', z drawn with replacement, on `device` (pinned, not waiting); `rng`: numpy's, on either storage."""
+        if rng is None and self.on_device:
+            i = torch.randint(0, self.size, (batch_size,), device=device)
+        else:
+            i = (rng or self.rng).integers(0, self.size, batch_size)
+            i = torch.as_tensor(i, device=self.frames.device)
+        trajectory = i // self.horizon
+        t = i % self.horizon
+        steps = t[:, None] + torch.arange(1 - self.frame_stack, 2, device=i.device)  # frames t-k+1 .. t+1
+        frames = self.frames[trajectory[:, None], steps.clip(min=0)]  # the first repeated before t = 0
+        batch = {"frames": frames, "action": self.actions[trajectory, t], "skill": self.skills[trajectory]}
+        batch["last"] = (t == self.horizon - 1).float()
+        if torch.device(device).type == "cuda" and not self.on_device:
+            batch = {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+        frames = batch.pop("frames")  # s and s' stacked as the envs stack them
+        batch["obs"] = frames[:, :-1].movedim(1, -2).flatten(-2).contiguous()
+        batch["next_obs"] = frames[:, 1:].movedim(1, -2).flatten(-2).contiguous()
+        return batch
+
+    def state_dict(self):
+        stored = min(self.added, len(self.skills))
+        state = {"added": self.added, "rng": self.rng.bit_generator.state}
+        for name in ("frames", "actions", "skills"):
+            values = getattr(self, name)[:stored].cpu()  # on the host, a view
+            state[name] = torch.from_numpy(values.numpy())  # which torch.save writes alone, not the whole ring
+        return state
+
+    def load_state_dict(self, state):
+        self.added = state["added"]
+        self.rng.bit_generator.state = state["rng"]
+        for name in ("frames", "actions", "skills"):
+            getattr(self, name)[:len(state[name])] = state[name]
+
+
+FLAG_RANGES = {  # every numeric flag's valid interval ("[" closed, "(" open); NaN is never inside
+    **dict.fromkeys(["skill_dim", "total_env_steps", "num_envs", "batch_size", "buffer_size", "hidden_dim",
+                     "eval_every", "checkpoint_every", "num_eval_skills", "knn_k"], "[1, inf)"),
+    **dict.fromkeys(["grad_steps_per_epoch", "learning_starts"], "[0, inf)"),
+    **dict.fromkeys(["temperature", "lr", "alpha_init"], "(0, inf)"),
+    "seed": "[0, 2147483647]",
+    "gamma": "[0, 1)",
+    "tau": "(0, 1]",
+}
+# flags --resume may change, none changing the problem (the device, --buffer-on-device, --compile, --bf16: the numbers)
+RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
+                     "buffer_on_device", "cudagraphs", "compile", "bf16", "track", "wandb_project_name",
+                     "wandb_entity", "capture_video")
+
+
+def parse_args(argv=None):
+    """The flags, unset ones the world's; with --resume, the run's own. A bad flag, or too little memory: one line."""
+    args = tyro.cli(Args, args=argv)
+    ckpt = None
+    if args.resume and not os.path.isfile(args.resume):
+        error(f"no checkpoint file at {args.resume}")
+    if args.resume:
+        try:
+            ckpt = torch.load(args.resume, map_location="cpu", weights_only=False)
+        except Exception as e:
+            error(f"{args.resume} is not a readable checkpoint ({type(e).__name__})")
+        if not isinstance(ckpt, dict) or "agent" not in ckpt:
+            error(f"{args.resume} is not a cleanmisl checkpoint")
+        if ckpt["agent"] != AGENT:
+            error(f"{args.resume} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
+        if set(ckpt["args"]) - {field.name for field in fields(Args)}:
+            error(f"{args.resume} was written by another version of {AGENT}.py")
+        args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
+        for flag, trained in ckpt["args"].items():
+            given = getattr(args, flag)
+            if flag not in RESUME_MAY_CHANGE and given != trained:
+                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {given}")
+    for flag, value in env_defaults(args.env_id).items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, value)
+    if args.checkpoint_every is None:
+        args.checkpoint_every = args.eval_every
+    for flag, interval in FLAG_RANGES.items():
+        value = getattr(args, flag)
+        low, high = interval[1:-1].split(", ")
+        above = value >= float(low) if interval[0] == "[" else value > float(low)  # False for NaN
+        below = value <= float(high) if interval[-1] == "]" else value < float(high)
+        if not (above and below):
+            error(f"--{flag.replace('_', '-')} must be in {interval}, got {value}")
+    if args.knn_k > args.batch_size:
+        error(f"--knn-k must be at most --batch-size (the batch holds the neighbours), "
+              f"got {args.knn_k}")
+    horizon = envs.ENV_SPECS[args.env_id].horizon
+    epoch = args.num_envs * horizon  # the env steps of one epoch
+    if args.buffer_size < epoch:
+        error(f"--buffer-size must hold one epoch (--num-envs × {horizon} = {epoch} transitions), "
+              f"got {args.buffer_size}")
+    if args.total_env_steps < epoch:
+        error(f"--total-env-steps must cover one epoch (--num-envs × {horizon} = {epoch} env steps), "
+              f"got {args.total_env_steps}")
+    stored = min(args.total_env_steps // epoch * epoch, args.buffer_size // horizon * horizon)
+    if args.grad_steps_per_epoch and args.learning_starts > stored:
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size in whole epochs "
+              f"and trajectories ({stored}), or the run never learns; got {args.learning_starts}")
+    if ckpt and args.total_env_steps // epoch <= ckpt["epoch"]:
+        error(f"{args.resume} has already trained for {ckpt['epoch'] * epoch} env steps; "
+              "give a larger --total-env-steps to continue it")
+    try:
+        envs.check_env_memory(args.num_envs + args.num_eval_skills)
+        env = envs.make_env(args.env_id)  # for its sizes
+    except (MemoryError, envs.RenderUnavailable) as e:
+        error(e)
+    check_memory(args, env.observation_space, env.action_space.shape[0])
+    env.close()
+    return args, ckpt
+
+
+def env_defaults(env_id):  # the flags whose unset value depends on the world
+    spec = envs.ENV_SPECS[env_id]
+    defaults = {"skill_dim": 64}  # App. B.3
+    for flag in ("total_env_steps", "num_envs", "grad_steps_per_epoch", "buffer_size", "eval_every"):
+        defaults[flag] = getattr(spec, flag)
+    if env_id == "HalfCheetah":  # the official scripts/pretrain/cic/*.sh (CSF's and METRA's: 1000)
+        defaults["eval_every"] = 500
+    return defaults
+
+
+def start_run(args, ckpt, learned, train_envs, eval_envs, device):
+    """The run's folder, logs, evaluation streams, and progress: a new run's, or with --resume the checkpoint's."""
+    name = f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
+    folder = f"runs/{name}"
+    if ckpt:
+        name = ckpt["run_name"]
+        folder = os.path.dirname(os.path.abspath(args.resume))
+    os.makedirs(folder, exist_ok=True)
+    signal.signal(signal.SIGINT, lambda *_: error("interrupted", folder))  # every write is atomic
+    if args.track:
+        import wandb
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=name, save_code=True, resume="allow", id=name)
+    # TensorBoard writes from a thread: a failed write raises at the next add_scalar, not in the thread
+    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
+    writer = SummaryWriter(folder)
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    resolved = [*env_defaults(args.env_id), "checkpoint_every"]
+    flags = ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}" for flag in resolved)
+    source = "the run's own, but for those given anew" if ckpt else "a flag left unset takes the world's value"
+    print(f"{args.env_id} (horizon {envs.ENV_SPECS[args.env_id].horizon}): {flags} ({source})")
+    run = types.SimpleNamespace(name=name, dir=folder, writer=writer, train_envs=train_envs,
+                                eval_envs=eval_envs)
+    run.eval_rng = np.random.default_rng(args.seed + 1)  # E‖Δφ‖²'s replay draws
+    run.eval_generator = torch.Generator().manual_seed(args.seed + 1)  # the evaluation's skills
+    if ckpt:
+        return run, resume(ckpt, run, args, learned, device)
+    progress = {"epoch": 0, "grad_steps": 0, "wall_time": 0.0, "timing": {}}
+    return run, {**progress, "since_eval": [], "evals": []}
+
+
+def check_memory(args, space, action_dim):
+    """Refuses, before anything is allocated, a run whose buffer, networks and batch do not fit where they go."""
+    spec = envs.ENV_SPECS[args.env_id]
+    use_gpu = torch.cuda.is_available() and args.cuda
+    frame_bytes = math.prod(space.shape) // spec.frame_stack * space.dtype.itemsize
+    step_bytes = frame_bytes + 4 * action_dim  # and a last frame, and the skill, per trajectory
+    trajectory_bytes = spec.horizon * step_bytes + frame_bytes + 4 * args.skill_dim
+    buffer = {"the replay buffer (--buffer-size)": args.buffer_size // spec.horizon * trajectory_bytes}
+    batch_floats = 2 * math.prod(space.shape) + 8 * args.hidden_dim
+    training = {
+        "the networks (--hidden-dim)": 104 * args.hidden_dim**2,  # 26 square layers' worth of float32
+        "one batch (--batch-size)": 4 * args.batch_size * batch_floats,
+    }
+    places = {"host": buffer | training}
+    if use_gpu and args.buffer_on_device:
+        places = {"GPU": buffer | training}
+    elif use_gpu:
+        places = {"GPU": training, "host": buffer}
+    for place, parts in places.items():
+        free = torch.cuda.mem_get_info()[0] if place == "GPU" else envs.free_host_memory()
+        needed = sum(parts.values())
+        sizes = ", ".join(f"{part} {size / 2**30:,.1f}" for part, size in parts.items())
+        if needed > free:
+            error(f"this run needs at least {needed / 2**30:,.1f} GiB of {place} memory: {sizes}; "
+                  f"{free / 2**30:,.1f} GiB is free")
+
+
+def fast_path(update, args, device):
+    """The gradient step compiled with --compile, and replayed as one CUDA graph with --cudagraphs on a GPU."""
+    if args.compile:
+        torch._inductor.config.fallback_random = device.type == "cpu"  # on a CPU, eager's random draws
+        update = torch.compile(update)
+    if args.cudagraphs and device.type != "cuda":
+        print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them (Adam fused)")
+    elif args.cudagraphs:
+        update = CudaGraphStep(update)
+    return update
+
+
+class CudaGraphStep:
+    """The step: 3 warm-up calls, one recorded as a CUDA graph, then replays of it, each batch copied into its own."""
+    def __init__(self, step):
+        self.step = step
+        self.calls = 0
+
+    def __call__(self, **batch):
+        self.calls += 1
+        if self.calls <= 3:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")
+                stats = self.step(**batch)
+            torch.cuda.current_stream().wait_stream(side)
+            return stats
+        if self.calls == 4:
+            self.batch = batch
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.stats = self.step(**batch)
+        for name, value in batch.items():
+            self.batch[name].copy_(value)
+        self.graph.replay()
+        return {name: value.clone() for name, value in self.stats.items()}
+
+
+def save_checkpoint(run, progress, args, learned, device):
+    """What a resumed run needs to go on as this one would, written atomically; a NaN or inf weight or moment: stop."""
+    state = {"agent": AGENT, "args": asdict(args), "run_name": run.name, **progress}
+    for name, thing in learned.items():
+        tensors = list(thing.parameters()) if isinstance(thing, nn.Module) else []
+        if isinstance(thing, torch.optim.Optimizer):  # its moments
+            tensors = [value for state in thing.state.values() for value in state.values()]
+        if not all(tensor.isfinite().all() for tensor in tensors):
+            error(f"{name} holds NaN or inf at epoch {progress['epoch']}: the run diverged", run.dir)
+        if torch.is_tensor(thing):  # log α, the kNN moments
+            state[name] = thing.detach().cpu()
+        else:
+            state[name] = thing.state_dict()
+    state["rngs"] = {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+        "eval_numpy": run.eval_rng.bit_generator.state,
+        "eval_torch": run.eval_generator.get_state(),
+        "envs": envs.env_rng_states(run.train_envs) + envs.env_rng_states(run.eval_envs),
+    }
+    write_atomically(f"{run.dir}/checkpoint.pt", lambda tmp: torch.save(state, tmp), run.dir)
+
+
+def resume(ckpt, run, args, learned, device):
+    """The checkpoint's state and progress, its evaluations back in eval.jsonl; a state that does not fit: one line."""
+    for name, thing in learned.items():
+        if name not in ckpt:
+            error(f"{args.resume} was written by another version of {AGENT}.py: it has no {name}")
+        try:
+            if isinstance(thing, torch.optim.Optimizer):  # with this run's options (fused, capturable)
+                for group in ckpt[name]["param_groups"]:
+                    group.update(thing.defaults)
+            if torch.is_tensor(thing):  # log α, the kNN moments
+                thing.data.copy_(ckpt[name])
+            else:
+                thing.load_state_dict(ckpt[name])
+        except (KeyError, RuntimeError, ValueError, TypeError) as e:
+            detail = " ".join(str(e).split())[:160]
+            error(f"{args.resume}'s {name} does not fit this {AGENT}.py ({detail})")
+    try:
+        rngs = ckpt["rngs"]
+        torch.set_rng_state(rngs["torch"])
+        torch.cuda.set_rng_state_all(rngs["cuda"][:torch.cuda.device_count()])  # on maybe fewer GPUs
+        run.eval_rng.bit_generator.state = rngs["eval_numpy"]
+        run.eval_generator.set_state(rngs["eval_torch"])
+        envs.set_env_rng_states(run.train_envs, rngs["envs"][:args.num_envs])
+        envs.set_env_rng_states(run.eval_envs, rngs["envs"][args.num_envs:])
+        names = ["epoch", "grad_steps", "wall_time", "since_eval", "evals", "timing"]
+        progress = {name: ckpt[name] for name in names}
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        detail = " ".join(str(e).split())[:160]
+        error(f"{args.resume} was written by another version of {AGENT}.py ({detail})")
+    write_log(run, progress["evals"])  # without what was logged after the checkpoint
+    print(f"resumed {ckpt['run_name']} at epoch {ckpt['epoch']}")
+    return progress
+
+
+def write_log(run, evals):  # eval.jsonl: a line per evaluation
+    text = "".join(json.dumps(result) + "\n" for result in evals)
+    write_atomically(f"{run.dir}/eval.jsonl", lambda tmp: pathlib.Path(tmp).write_text(text), run.dir)
+
+
+@torch.no_grad()
+@record_function("evaluation")
+def evaluate(run, progress, args, actor, phi, rb, device):
+    """Rollouts of fresh skills' modes (iod/metra.py: _evaluate_policy), E‖Δφ‖², the means since the last evaluation."""
+    epoch = progress["epoch"]
+    spec = envs.ENV_SPECS[args.env_id]
+    env_steps = epoch * args.num_envs * spec.horizon
+    videos = run.eval_envs.video_envs
+    skills = torch.randn(args.num_eval_skills, args.skill_dim, generator=run.eval_generator)  # z ~ p(z)
+    obs, info = run.eval_envs.reset()
+    coordinates = [info["coordinates"]]
+    frames = []
+    for t in range(spec.horizon + 1):  # after the reset and after every step
+        if videos:
+            frames.append(np.concatenate(envs.render_envs(run.eval_envs, videos), 1))
+        if t < spec.horizon:
+            action = env_actions(actor, obs, skills.to(device), epoch, deterministic=True)
+            obs, _, _, _, info = run.eval_envs.step(action)
+            coordinates.append(info["coordinates"])
+    paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coordinates)
+    coverage = envs.coverage(paths, args.env_id)
+    wall_time = round(progress["wall_time"], 2)
+    result = dict(epoch=epoch, env_steps=env_steps, grad_steps=progress["grad_steps"], wall_time=wall_time,
+                  coverage=coverage)
+    run.writer.add_scalar("eval/coverage", coverage, env_steps)
+    if rb.size > 0:  # E‖Δφ‖² on up to 10k replay transitions, 1000 at a time
+        n = min(10_000, rb.size)
+        squares = []
+        for start in range(0, n, 1000):
+            batch = rb.sample(min(1000, n - start), device, rng=run.eval_rng)
+            dphi = phi(batch["next_obs"]) - phi(batch["obs"])
+            squares.append(dphi.pow(2).sum(-1))
+        result["dphi_sq"] = torch.cat(squares).mean().item()
+        run.writer.add_scalar("eval/dphi_sq", result["dphi_sq"], env_steps)
+    since_eval = progress["since_eval"]  # each epoch's means of the stats
+    if since_eval:
+        per_epoch = torch.stack([torch.stack(list(means.values())) for means in since_eval])
+        result.update(zip(since_eval[0], per_epoch.mean(0).tolist()))
+    since_eval.clear()
+    result.update(progress["timing"])
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    z = skills.numpy()  # a path's colour: the angle of (z_0, z_1), or z's sign
+    angle = np.arctan2(z[:, 1], z[:, 0]) if args.skill_dim > 1 else np.pi * (z[:, 0] > 0)
+    fig, ax = plt.subplots(figsize=(5, 5))
+    envs.draw_coordinates(ax, paths, plt.cm.hsv((angle + np.pi) / (2 * np.pi)), args.env_id)
+    ax.set_title(f"CIC {args.env_id}, {env_steps:,} env steps, coverage {coverage}")
+    fig.tight_layout()
+    plot = f"{run.dir}/skills_{env_steps:010d}.png"
+    write_atomically(plot, lambda tmp: fig.savefig(tmp, dpi=100), run.dir)
+    plt.close(fig)
+    if videos:
+        import imageio
+        os.makedirs(f"{run.dir}/videos", exist_ok=True)
+        video = f"{run.dir}/videos/skills_{env_steps:010d}.mp4"
+        write_atomically(video, lambda tmp: imageio.mimsave(tmp, frames, fps=20), run.dir)
+    progress["evals"].append(result)
+    write_log(run, progress["evals"])
+    figures = "".join(f" | {k} {v:.4g}" for k, v in list(result.items())[5:-1])
+    print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {coverage}{figures}")
+
+
+def log_epoch(run, progress, args, step_stats, collect_start, train_start):
+    """A NaN or inf *_loss ends the run; else the epoch's stats go to TensorBoard and the next evaluation."""
+    epoch = progress["epoch"]
+    steps_per_epoch = args.num_envs * envs.ENV_SPECS[args.env_id].horizon
+    env_steps = (epoch + 1) * steps_per_epoch
+    progress["timing"] = {"sps": steps_per_epoch / (time.time() - collect_start)}
+    means = {}
+    if step_stats:
+        milliseconds = 1000 * (time.time() - train_start)
+        progress["timing"]["ms_per_grad_step"] = milliseconds / len(step_stats)
+        names = list(step_stats[0])
+        per_step = torch.stack([torch.stack(list(stats.values())) for stats in step_stats])  # (steps, stats)
+        losses = [i for i, name in enumerate(names) if name.endswith("_loss")]
+        bad = torch.nonzero(~per_step[:, losses].isfinite())  # (step, loss) pairs, the earliest first
+        if len(bad) > 0:
+            step, i = bad[0].tolist()
+            value = per_step[step, losses[i]].item()
+            step += progress["grad_steps"] - len(step_stats) + 1
+            error(f"{names[losses[i]]} is {value} at gradient step {step} (epoch {epoch})", run.dir)
+        means = dict(zip(names, per_step.mean(0).cpu()))
+        progress["since_eval"].append(means)
+    for name, value in means.items():
+        group = "losses" if name.endswith("loss") else "charts"
+        run.writer.add_scalar(f"{group}/{name}", value, env_steps)
+    sps = env_steps / progress["wall_time"]  # the run's, evaluations included
+    run.writer.add_scalar("charts/SPS", int(sps), env_steps)
+    run.writer.add_scalar("charts/grad_steps", progress["grad_steps"], env_steps)
+    if (epoch + 1) % 10 == 0:
+        figures = "".join(f" | {name} {value:.4g}" for name, value in means.items())
+        left = duration((args.total_env_steps - env_steps) / sps)
+        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {int(sps)} | {left} left{figures}")
+
+
+def duration(seconds):  # "45 s", "12 min", "3 h 05 min"
+    minutes = round(seconds / 60)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 def error(message, run_dir=None):
-    """End the run with one line on stderr (given its folder, what to resume it from)."""
+    """Ends the run with one line, no traceback; given the run's folder, with the command that resumes it."""
     if run_dir:
-        path = os.path.join(run_dir, "checkpoint.pt")
-        message += f"; resume with --resume {path}" if os.path.isfile(path) else "; no checkpoint was written yet"
+        checkpoint = f"{run_dir}/checkpoint.pt"
+        hint = f"resume with --resume {checkpoint}" if os.path.isfile(checkpoint) else "no checkpoint was written yet"
+        message = f"{message}; {hint}"
     sys.exit(f"{AGENT}.py: error: {message}")
 
 
 def write_atomically(path, write, run_dir):
-    """write(a temporary path), renamed to `path`: a failed write leaves the old file and ends the run."""
-    temporary = "{}.tmp{}".format(*os.path.splitext(path))  # the extension tells the format
+    """write(temporary), then a rename: a failed write leaves the old file whole and no temporary behind."""
+    temporary = "{}.tmp{}".format(*os.path.splitext(path))  # its extension names the format
     try:
         write(temporary)
         os.replace(temporary, path)
-    except BaseException as e:  # even Ctrl-C mid-write: no temporary left
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(temporary)
-        if not isinstance(e, (OSError, RuntimeError)):  # torch.save's failed write: a RuntimeError
+        if isinstance(e, OSError):
+            error(f"cannot write {path} ({e.strerror or e})", run_dir)
+        if not isinstance(e, RuntimeError):
             raise
-        cut_short = "unexpected pos" in str(e) or "write failed" in str(e)
-        reason = (e.strerror or str(e)) if isinstance(e, OSError) else (
-            "the write was cut short: is the disk full?" if cut_short else " ".join(str(e).split())[:120])
-        error(f"cannot write {path} ({reason})", run_dir)
+        if "unexpected pos" in str(e) or "write failed" in str(e):  # torch.save on a full disk
+            error(f"cannot write {path} (the write was cut short: is the disk full?)", run_dir)
+        error(f"cannot write {path} ({' '.join(str(e).split())[:120]})", run_dir)
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # every line as it happens, also into a file
     args, ckpt = parse_args()
     try:
         main(args, ckpt)
+    except (envs.RenderUnavailable, MemoryError) as e:  # a world that cannot render here, or envs beyond memory
+        error(e)
     except OSError as e:  # the run's folder or TensorBoard's file
-        error(f"cannot write {os.fsdecode(e.filename) if e.filename else 'the TensorBoard log'} ({e.strerror or e})")
+        where = os.fsdecode(e.filename) if e.filename else "the TensorBoard log"
+        error(f"cannot write {where} ({e.strerror or e})")

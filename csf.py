@@ -11,13 +11,20 @@ by TD onto Δφ + γ ψ̄(s', a', z), a' ~ π(·|s', z), with Q = ψᵀz (§5.2;
 
 Deliberate differences from the official code (github.com/Princeton-RL/contrastive-successor-features):
   - no --turn_off_dones flag: a time limit is never terminal, as every official script sets it.
-  - left out, never changing learning: the future-goal sampler, a target φ never updated, METRA's idle λ machinery.
-  - the 256 negatives z'_j are fresh prior draws (Alg. 1; --sample_new_z 1), not the batch's skills (App. B.2).
+  - left out, never changing learning: the future-goal sampler, a target φ never updated, METRA's idle λ machinery,
+    the stored rewards, dones, next actions and returns.
+  - as Alg. 1 and the official scripts (--sample_new_z 1), not App. B.2's table: the 256 negatives z'_j are fresh
+    prior draws, not the batch's skills.
   - added: the last epoch is always evaluated and checkpointed; evaluations after epoch 0 report E‖Δφ‖² on up to
-    10k replay transitions (with replacement); a resumed run reports what the uninterrupted one does.
-  - the ablations of §6.3 (--critic, --reward) follow `main`; a reward r not linear in z is Δφᵀz + (r - Δφᵀz), the
-    remainder summed by an extra output ψ₀ of each ψ.
-  - pixels: each frame is stored once (3.7 GB, not 22 GB, at 300k transitions); envs.py seeds every env apart.
+    10k replay transitions (with replacement); a run resumed from a checkpoint with its own flags reports what the
+    uninterrupted one does, but for the clock's figures (wall_time, sps, ms_per_grad_step, peak_rss_mb); one
+    continued past its last epoch keeps that epoch's extra evaluation.
+  - evaluations measure coverage; zero-shot goal reaching (officially at every evaluation) is goal_reaching.py's;
+    --buffer-on-device draws its batches with torch's generator on the device, not numpy's: other batches.
+  - the ablations of §6.3 (--critic, --reward) live after `main`, which swaps their parts in with one-line ifs; a
+    reward r not linear in z is Δφᵀz + (r - Δφᵀz), the remainder summed by an extra output ψ₀ of each ψ.
+  - pixels: each frame is stored once (3.7 GB, not 22 GB, at 300k transitions); envs.py seeds every env apart and,
+    off a GPU render node, renders without shadows or multisampling (CLEANMISL_RENDER=official: the official look).
   - on a GPU, float32 matmuls use TF32 (the tests' numbers are a CPU's).
 """
 
@@ -32,6 +39,7 @@ import signal
 import sys
 import threading
 import time
+import types
 import warnings
 from dataclasses import asdict, dataclass, fields
 from typing import Literal, Optional
@@ -55,50 +63,50 @@ SKILL_DIMS = {"Ant": 2, "HalfCheetah": 2, "Quadruped": 4, "Humanoid": 8, "Kitche
 
 @dataclass
 class Args:
-    env_id: Literal["Ant", "HalfCheetah", "Quadruped", "Humanoid", "Kitchen", "Robobin"] = "Ant"  # The world.
-    skill_dim: Optional[int] = None  # Dimension d of the skill z; unset, the paper's (App. B.3).
-    seed: int = 1  # Seed of torch, numpy and the envs (on a CPU, one run per seed).
-    total_env_steps: Optional[int] = None  # Env steps to train for; unset, the paper's (64M; pixels 4.8M).
-    num_envs: Optional[int] = None  # Trajectories per epoch, a skill each; unset, 8 (Robobin 10).
-    grad_steps_per_epoch: Optional[int] = None  # Gradient steps after each collection; unset, the paper's.
-    learning_starts: int = 10_000  # Transitions stored before the first gradient step.
-    batch_size: int = 256  # Transitions per minibatch, drawn with replacement.
-    buffer_size: Optional[int] = None  # Replay capacity in transitions (unset: 1M; pixels 300k, Kitchen 100k).
-    hidden_dim: int = 1024  # Width of the hidden layers of φ, ψ and π.
-    eval_every: Optional[int] = None  # Epochs between evaluations (and the last); unset, the official scripts'.
-    checkpoint_every: Optional[int] = None  # Epochs between checkpoints (and the last); unset, --eval-every's.
-    resume: Optional[str] = None  # A checkpoint.pt to continue, in its run's folder, with its flags.
-    cuda: bool = True  # Use the GPU when torch sees one.
-    parallel_envs: bool = True  # Step the envs in worker processes, at most one per core (same numbers).
-    buffer_on_device: bool = False  # Keep the replay buffer, and sample it, on the training device.
-    cudagraphs: bool = False  # On a GPU, replay the gradient step as a CUDA graph.
-    compile: bool = False  # Compile the gradient step with torch.compile (on a CPU, same numbers up to rounding).
-    bf16: bool = False  # On pixels, run the encoders' convolutions in bfloat16.
-    track: bool = False  # Also log to Weights & Biases (WANDB_MODE=offline works).
+    # The world to learn skills in: Ant and HalfCheetah (MuJoCo locomotion, state vectors); Quadruped and Humanoid (DMC
+    # locomotion), Kitchen (a Franka arm in a kitchen) and Robobin (a Sawyer arm, two blocks, two bins), 64×64 pixels.
+    env_id: Literal["Ant", "HalfCheetah", "Quadruped", "Humanoid", "Kitchen", "Robobin"] = "Ant"
+    # The dimension d of the skill z; unset, the paper's for the world (App. B.3: Ant 2, Humanoid 8).
+    skill_dim: Optional[int] = None
+    seed: int = 1  # The seed of torch, numpy and the envs; on a CPU, one seed gives one run, bit for bit.
+    # The env steps to train for, in whole epochs; unset, the paper's (64M on the state worlds, 4.8M on pixels).
+    total_env_steps: Optional[int] = None
+    num_envs: Optional[int] = None  # The trajectories collected per epoch, a skill each; unset, 8 (Robobin 10).
+    # The gradient steps after each collection; unset, the paper's (states 50, Quadruped and Humanoid 200, arms 100).
+    grad_steps_per_epoch: Optional[int] = None
+    learning_starts: int = 10_000  # The transitions stored before the first gradient step.
+    batch_size: int = 256  # The transitions per minibatch, drawn with replacement.
+    # The replay capacity in transitions, kept as whole trajectories; unset, 1M (pixels 300k, Kitchen 100k).
+    buffer_size: Optional[int] = None
+    hidden_dim: int = 1024  # The width of the hidden layers of φ, ψ and π.
+    # The epochs between evaluations, the last one always evaluated; unset, the official scripts' for the world.
+    eval_every: Optional[int] = None
+    # The epochs between checkpoints, the last one always saved; unset, the value of --eval-every.
+    checkpoint_every: Optional[int] = None
+    # A checkpoint.pt to continue in its folder, with its flags but those that leave learning alone; unset, a new run.
+    resume: Optional[str] = None
+    cuda: bool = True  # Whether to train on the GPU when torch sees one.
+    parallel_envs: bool = True  # Whether to step the envs in worker processes (the same numbers).
+    buffer_on_device: bool = False  # Whether to keep the replay buffer on the device, drawn there by torch's generator.
+    cudagraphs: bool = False  # Whether to replay the gradient step as a CUDA graph, on a GPU.
+    compile: bool = False  # Whether to torch.compile the gradient step (on a CPU, the same numbers up to rounding).
+    bf16: bool = False  # Whether to run the pixel encoders' convolutions in bfloat16.
+    track: bool = False  # Whether to also log to Weights & Biases (WANDB_MODE=offline works).
     wandb_project_name: str = "cleanmisl"  # The W&B project, with --track.
-    wandb_entity: Optional[str] = None  # The W&B team, with --track.
-    capture_video: bool = False  # At each evaluation, write an MP4 of up to four rollouts.
-    num_eval_skills: int = 48  # Deterministic rollouts per evaluation, a fresh skill each.
-    xi: float = 5.0  # Weight ξ of the negative term (App. C.3: 2, 5, 10 beat 1 and below).
-    critic: Literal["inner", "mlp", "gaussian", "laplacian"] = "inner"  # The bound's critic (§6.3); inner: the paper's.
-    reward: Literal["bottleneck", "mutual-information"] = "bottleneck"  # The reward (§6.3); bottleneck: the paper's.
-    num_negatives: int = 256  # Prior draws z'_j per gradient step in the negative term.
-    gamma: float = 0.99  # Discount of the successor features.
-    tau: float = 0.005  # Polyak step of the target ψ per gradient step.
-    lr: float = 1e-4  # Adam learning rate of φ, ψ, π and log α.
-    alpha_init: float = 0.01  # Initial temperature α, tuned towards the entropy -|A|/2.
-
-
-# Every numeric flag's valid interval ("[" closed, "(" open); NaN is never inside.
-FLAG_RANGES = {flag: interval for interval, flags in {
-    "[1, inf)": "skill_dim total_env_steps num_envs batch_size buffer_size hidden_dim eval_every checkpoint_every "
-                "num_eval_skills num_negatives", "[0, inf)": "grad_steps_per_epoch learning_starts xi",
-    "(0, inf)": "lr alpha_init", "[0, 2147483647]": "seed", "[0, 1)": "gamma", "(0, 1]": "tau"}.items()
-    for flag in flags.split()}
-# What --resume may change: not the problem learned (the device may change the draws).
-RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
-                     "buffer_on_device", "cudagraphs", "compile", "bf16", "track", "wandb_project_name",
-                     "wandb_entity", "capture_video")
+    wandb_entity: Optional[str] = None  # The W&B team, with --track; unset, your default entity.
+    capture_video: bool = False  # Whether to write an MP4 of up to four rollouts at each evaluation.
+    num_eval_skills: int = 48  # The deterministic rollouts per evaluation, a fresh skill each.
+    xi: float = 5.0  # The weight ξ of the negative term (App. C.3: 2, 5 and 10 beat 1 and below).
+    # The bound's critic f(s, s', z) (§6.3): inner is the paper's Δφᵀz; mlp is φ(s, s')ᵀz, one network reading
+    # the pair; gaussian is -½‖Δφ - z‖²; laplacian is -‖Δφ - z‖₁ (§6.3 writes the kernels without z).
+    critic: Literal["inner", "mlp", "gaussian", "laplacian"] = "inner"
+    # The reward (§6.3): bottleneck, the paper's f(s, s', z); mutual-information, that - ξ log Σ_j exp f(s, s', z'_j).
+    reward: Literal["bottleneck", "mutual-information"] = "bottleneck"
+    num_negatives: int = 256  # The prior draws z'_j per gradient step in the negative term.
+    gamma: float = 0.99  # The discount of the successor features.
+    tau: float = 0.005  # The Polyak step of the target ψ per gradient step.
+    lr: float = 1e-4  # The Adam learning rate of φ, ψ, π and log α.
+    alpha_init: float = 0.01  # The initial temperature α, tuned towards the entropy -|A|/2.
 
 
 def sample_skills(n, skill_dim, generator=None, device=None):
@@ -107,47 +115,45 @@ def sample_skills(n, skill_dim, generator=None, device=None):
     return z / z.norm(dim=-1, keepdim=True)
 
 
-def transition_features(phi, obs, next_obs, critic):
-    """Δφ = φ(s') - φ(s), which the critic compares with z (--critic mlp: φ of (s, s'))."""
-    return phi(torch.cat([obs, next_obs], -1)) if critic == "mlp" else phi(next_obs) - phi(obs)
-
-
 def contrastive_phi_loss(dphi, skill, negatives, xi):
-    """L(φ) = -E[Δφᵀz] + ξ E[log Σ_j exp Δφᵀz'_j] (Eq. 10 with ξ), negatives shared by the batch, no 1/M, no positive
-    (iod/metra.py: _update_loss_te); and the mean log-sum-exp (log M at Δφ = 0)."""
+    """L(φ) = -E[Δφᵀz] + ξ E[log Σ_j exp Δφᵀz'_j] (Eq. 10 with ξ), the negatives shared by the batch, no 1/M and no
+    positive among them (iod/metra.py: _update_loss_te); and the mean log-sum-exp (log M at Δφ = 0)."""
+    positive = (dphi * skill).sum(-1)
     logsumexp = torch.logsumexp(dphi @ negatives.T, dim=-1)
-    return -((dphi * skill).sum(-1) - xi * logsumexp).mean(), logsumexp.mean()
+    loss = -(positive - xi * logsumexp).mean()
+    return loss, logsumexp.mean()
 
 
-def sf_value(psi, skill):
-    """Q = ψᵀz (§5.2), plus the ablations' scalar head ψ₀ (for a reward not linear in z)."""
-    value = (psi[..., : skill.shape[-1]] * skill).sum(-1)
-    return value + psi[..., -1] if psi.shape[-1] > skill.shape[-1] else value
+def successor_feature_target(cumulant, next_psi, next_q, gamma):
+    """ψ̂ = Δφ + γ ψ̄_k(s', a', z), with k = argmin_k Q̄_k for each sample: the whole vector of the critic whose value
+    is the smallest, without entropy or terminals (iod/metra_sf.py). next_psi: (K, B, d); next_q: (K, B)."""
+    smallest = next_q.argmin(0)
+    samples = torch.arange(len(cumulant), device=cumulant.device)
+    return cumulant + gamma * next_psi[smallest, samples]
 
 
-def successor_feature_target(dphi, next_psi, skill, gamma):
-    """ψ̂ = Δφ + γ ψ̄_k(s', a', z), k = argmin_k ψ̄_kᵀz per sample, without entropy or terminals (iod/metra_sf.py)."""
-    smaller = sf_value(next_psi, skill).argmin(0)
-    return dphi + gamma * next_psi[smaller, torch.arange(len(skill), device=skill.device)]
-
-
-def psi_objective(psi, psi_target, phi, actor, obs, action, next_obs, skill, negatives, args):
-    """L(ψ) = Σ_k mean over the batch and the d components of (ψ_k(s, a, z) - ψ̂)², ψ̂ from the updated φ (Alg. 1,
-    line 6): Eq. 11's reward enters as the vector Δφ (Q = ψᵀz)."""
+def psi_objective(psi, psi_target, actor, cumulant,
+                  obs, action, next_obs, skill, gamma):
+    """L(ψ) = Σ_k mean over the batch and the d components of (ψ_k(s, a, z) - ψ̂)² (Alg. 1, line 6): Eq. 11's
+    reward enters as the vector cumulant Δφ, as Q = ψᵀz."""
     with torch.no_grad():
         next_action, _ = actor.sample(next_obs, skill)
-        cumulant = transition_features(phi, obs, next_obs, args.critic)
-        cumulant = with_reward_remainder(cumulant, skill, negatives, args) if psi[0].scalar_head else cumulant
-        next_psi = torch.stack([net(next_obs, skill, next_action) for net in psi_target])
-        target = successor_feature_target(cumulant, next_psi, skill, args.gamma)
-    return sum(F.mse_loss(net(obs, skill, action), target) for net in psi)
+        next_psi = [net(next_obs, skill, next_action) for net in psi_target]
+        next_psi = torch.stack(next_psi)  # (K, B, d)
+        next_q = psi_target[0].value(next_psi, skill)  # (K, B): every ψ̄ is of one class
+        target = successor_feature_target(cumulant, next_psi, next_q, gamma)
+    losses = [F.mse_loss(net(obs, skill, action), target) for net in psi]
+    return sum(losses)
 
 
 def actor_objective(actor, psi, obs, skill, alpha):
     """L(π) = E[α log π(a|s, z) - min_k ψ_k(s, a, z)ᵀz], a ~ π(·|s, z) (Alg. 1, line 7, with SAC's entropy)."""
     new_action, log_prob = actor.sample(obs, skill)
-    q = torch.stack([sf_value(net(obs, skill, new_action), skill) for net in psi]).amin(0)
-    return (alpha * log_prob - q).mean(), log_prob
+    psis = [net(obs, skill, new_action) for net in psi]
+    q = psi[0].value(torch.stack(psis), skill)
+    q = q.amin(0)  # the smaller critic's
+    loss = (alpha * log_prob - q).mean()
+    return loss, log_prob
 
 
 def temperature_loss(log_alpha, log_prob, target_entropy):
@@ -155,9 +161,15 @@ def temperature_loss(log_alpha, log_prob, target_entropy):
     return -(log_alpha * (log_prob + target_entropy)).mean()
 
 
-def mlp(in_dim, hidden_dim, out_dim, activation, init):  # Linear → act → Linear → act → Linear, zero biases
-    net = nn.Sequential(nn.Linear(in_dim, hidden_dim), activation(), nn.Linear(hidden_dim, hidden_dim),
-                        activation(), nn.Linear(hidden_dim, out_dim))
+def mlp(in_dim, hidden_dim, out_dim, activation, init):
+    """Linear → activation → Linear → activation → Linear, weights from `init`, biases zero."""
+    net = nn.Sequential(
+        nn.Linear(in_dim, hidden_dim),
+        activation(),
+        nn.Linear(hidden_dim, hidden_dim),
+        activation(),
+        nn.Linear(hidden_dim, out_dim),
+    )
     for layer in net[::2]:
         init(layer.weight)
         nn.init.zeros_(layer.bias)
@@ -165,21 +177,33 @@ def mlp(in_dim, hidden_dim, out_dim, activation, init):  # Linear → act → Li
 
 
 class Phi(nn.Module):
-    """φ(s) ∈ R^d (ReLU, Xavier-uniform); every network owns its pixel encoder (garagei's with_encoder.py)."""
-    def __init__(self, space, out_dim, hidden_dim, input_dim=0, init=nn.init.xavier_uniform_):
+    """φ(s) ∈ R^d (ReLU, Xavier-uniform). Every network owns its pixel encoder (garagei's with_encoder.py)."""
+    def __init__(self, space, out_dim, hidden_dim,
+                 input_dim=0, init=nn.init.xavier_uniform_):
         super().__init__()
         self.encoder, features = envs.make_encoder(space)
-        self.net = mlp(features + input_dim, hidden_dim, out_dim, nn.ReLU, init)
+        in_dim = features + input_dim
+        self.net = mlp(in_dim, hidden_dim, out_dim, nn.ReLU, init)
 
-    def forward(self, obs, *inputs):  # ψ's z and a after s
-        return self.net(torch.cat([self.encoder(obs), *inputs], -1))
+    def forward(self, obs, *inputs):  # ψ's inputs z and a come after s
+        features = self.encoder(obs)
+        features = torch.cat([features, *inputs], -1)
+        return self.net(features)
+
+    def delta(self, obs, next_obs):
+        """Δφ = φ(s') - φ(s), what the critic compares with z."""
+        return self(next_obs) - self(obs)
 
 
 class SuccessorFeatures(Phi):
-    """ψ(s, a, z) ∈ R^d (Xavier-normal): φ's network on (s, z, a), and ψ₀ with scalar_head (the ablations)."""
-    def __init__(self, space, action_dim, skill_dim, hidden_dim, scalar_head):
-        super().__init__(space, skill_dim + scalar_head, hidden_dim, skill_dim + action_dim, nn.init.xavier_normal_)
-        self.scalar_head = scalar_head
+    """ψ(s, a, z) ∈ R^d: φ's network on (s, z, a), Xavier-normal; its value is Q = ψᵀz (§5.2)."""
+    def __init__(self, space, action_dim, skill_dim, hidden_dim):
+        inputs = skill_dim + action_dim
+        init = nn.init.xavier_normal_
+        super().__init__(space, skill_dim, hidden_dim, inputs, init)
+
+    def value(self, psi, skill):
+        return (psi * skill).sum(-1)
 
 
 class Actor(nn.Module):
@@ -187,558 +211,687 @@ class Actor(nn.Module):
     def __init__(self, space, action_dim, skill_dim, hidden_dim):
         super().__init__()
         self.encoder, features = envs.make_encoder(space)
-        self.trunk = mlp(features + skill_dim, hidden_dim, hidden_dim, nn.Tanh, nn.init.xavier_uniform_)[:-1]
-        self.mean, self.log_std = nn.Linear(hidden_dim, action_dim), nn.Linear(hidden_dim, action_dim)
+        init = nn.init.xavier_uniform_
+        trunk = mlp(features + skill_dim, hidden_dim, hidden_dim, nn.Tanh, init)
+        self.trunk = trunk[:-1]  # without its last layer
+        self.mean = nn.Linear(hidden_dim, action_dim)
+        self.log_std = nn.Linear(hidden_dim, action_dim)
         for head in (self.mean, self.log_std):
             nn.init.xavier_normal_(head.weight)
             head.weight.data.mul_(0.1)
             nn.init.zeros_(head.bias)
 
     def forward(self, obs, skill):
-        h = self.trunk(torch.cat([self.encoder(obs), skill], -1))
-        return self.mean(h), self.log_std(h).clamp(math.log(1e-6), 2.0)
+        features = self.encoder(obs)
+        features = torch.cat([features, skill], -1)
+        h = self.trunk(features)
+        log_std = self.log_std(h)
+        log_std = log_std.clamp(math.log(1e-6), 2.0)
+        return self.mean(h), log_std
 
-    def sample(self, obs, skill):  # a reparameterized action and its log-probability
+    def sample(self, obs, skill):
+        """A reparameterized action a = tanh(u) and its log-probability."""
         mean, log_std = self(obs, skill)
-        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # NaN: caught later
-        action = torch.tanh(u := normal.rsample())
-        log_prob = normal.log_prob(u).sum(-1) - torch.log((1 - action.pow(2)).clamp(0, 1) + 1e-6).sum(-1)
+        std = log_std.exp()
+        normal = torch.distributions.Normal(mean, std, validate_args=False)
+        u = normal.rsample()
+        action = torch.tanh(u)
+        squash = (1 - action.pow(2)).clamp(0, 1)
+        squash = torch.log(squash + 1e-6).sum(-1)
+        log_prob = normal.log_prob(u).sum(-1) - squash
         return action, log_prob
 
     def mode(self, obs, skill):
-        return torch.tanh(self(obs, skill)[0])
+        mean, _ = self(obs, skill)
+        return torch.tanh(mean)
 
 
-def optimize(optimizer, loss):  # one gradient step
+def env_actions(actor, obs, skill, epoch, deterministic=False):
+    """The policy's actions for the envs, as numpy: sampled, or its mode. A NaN or inf one ends the run."""
+    obs = torch.as_tensor(obs, device=skill.device)
+    if deterministic:
+        action = actor.mode(obs, skill)
+    else:
+        action, _ = actor.sample(obs, skill)
+    action = action.cpu().numpy()
+    if not np.isfinite(action).all():
+        error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
+    return action
+
+
+def optimize(optimizer, loss):
+    """One gradient step of `optimizer`'s parameters alone (a gradient may flow through other networks)."""
+    params = optimizer.param_groups[0]["params"]  # one group
     optimizer.zero_grad()
-    loss.backward()
+    loss.backward(inputs=params)
     optimizer.step()
 
 
-@contextlib.contextmanager
-def frozen(modules):  # no gradient into their weights in the block; one still flows through them
-    for module in modules:
-        module.requires_grad_(False)
-    yield
-    for module in modules:
-        module.requires_grad_(True)
-
-
-class ReplayBuffer:
-    """A ring of whole trajectories (path_buffer_ex.py), each pixel frame once; numpy, or torch on `device`."""
-    def __init__(self, capacity, horizon, space, frame_stack, action_dim, skill_dim, rng, device=None):
-        n, frame_shape = capacity // horizon, space.shape[:-1] + (space.shape[-1] // frame_stack,)
-        self.horizon, self.rng, self.device, self.pos, self.num_stored = horizon, rng, device, 0, 0  # in trajectories
-        self.frames = self.zeros((n, horizon + 1, *frame_shape), space.dtype)
-        self.actions = self.zeros((n, horizon, action_dim), np.float32)
-        self.skills = self.zeros((n, skill_dim), np.float32)
-        self.frame_offsets = self.to_storage(np.arange(1 - frame_stack, 2))  # frames t-k+1..t+1 of step t
-        self.generator = None if device is None else torch.Generator(device).manual_seed(int(rng.integers(2**62)))
-
-    def zeros(self, shape, dtype):
-        return np.zeros(shape, dtype) if self.device is None else torch.zeros(
-            shape, dtype=getattr(torch, np.dtype(dtype).name), device=self.device)
-
-    def to_storage(self, array, like=None):  # in `like`'s dtype
-        return array if self.device is None else torch.as_tensor(
-            array, dtype=None if like is None else like.dtype, device=self.device)
-
-    @property
-    def size(self):  # stored transitions
-        return self.num_stored * self.horizon
-
-    def add(self, observations, actions, skills):  # (n, horizon + 1, ...), (n, horizon, |A|), (n, d)
-        n, capacity = len(observations), len(self.frames)
-        idx = self.to_storage((self.pos + np.arange(n)) % capacity)
-        self.frames[idx] = self.to_storage(observations[..., -self.frames.shape[-1]:], self.frames)  # newest frames
-        self.actions[idx] = self.to_storage(actions, self.actions)
-        self.skills[idx] = self.to_storage(skills, self.skills)
-        self.pos, self.num_stored = (self.pos + n) % capacity, min(self.num_stored + n, capacity)
-
-    def gather(self, batch_size, rng=None):  # s and s' as (B, k + 1) frames; `rng`: on the host
-        if self.device is None or rng is not None:
-            i = self.to_storage((rng or self.rng).integers(0, self.size, batch_size))
-        else:
-            i = torch.randint(0, self.size, (batch_size,), generator=self.generator, device=self.device)
-        trajectory, t = i // self.horizon, i % self.horizon
-        steps = (t[:, None] + self.frame_offsets).clip(min=0)  # the first frame repeated before t = 0
-        return {"frames": self.frames[trajectory[:, None], steps], "action": self.actions[trajectory, t],
-                "skill": self.skills[trajectory]}
-
-    def sample(self, batch_size, device, rng=None):  # copied to `device` pinned, without waiting
-        batch = self.gather(batch_size, rng)
-        if self.device is None:
-            batch = {k: torch.from_numpy(v) for k, v in batch.items()}
-            if torch.device(device).type == "cuda":
-                batch = {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
-        frames = batch.pop("frames")
-        return {"obs": frames[:, :-1].movedim(1, -2).flatten(-2).contiguous(),
-                "next_obs": frames[:, 1:].movedim(1, -2).flatten(-2).contiguous(), **batch}
-
-    def state_dict(self):  # tensors: torch.save copies arrays
-        n = self.num_stored
-        return {"pos": self.pos, "num_stored": n, "frames": torch.as_tensor(self.frames[:n]).cpu(),
-                "actions": torch.as_tensor(self.actions[:n]).cpu(), "skills": torch.as_tensor(self.skills[:n]).cpu(),
-                "generator": None if self.generator is None else self.generator.get_state()}
-
-    def load_state_dict(self, state):
-        self.pos, self.num_stored = state["pos"], state["num_stored"]
-        for name in ("frames", "actions", "skills"):
-            getattr(self, name)[:self.num_stored] = self.to_storage(state[name])
-        if self.generator is not None and state.get("generator") is not None:  # None: written on the host
-            self.generator.set_state(state["generator"])
-
-
 def main(args, ckpt=None):
-    """CSF epoch by epoch (Alg. 1; iod/iod.py: IOD.train): evaluate, collect, update."""
+    """CSF epoch by epoch (Alg. 1; iod/iod.py: IOD.train): evaluate, checkpoint, collect, update."""
     spec = envs.ENV_SPECS[args.env_id]
     steps_per_epoch = args.num_envs * spec.horizon
     num_epochs = args.total_env_steps // steps_per_epoch
-    run_name, run_dir, writer = start_run(args, ckpt)
-    torch.manual_seed(args.seed)  # the networks, skills and policy noise
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    torch.set_float32_matmul_precision("high" if device.type == "cuda" else "highest")  # TF32 on a GPU
-    try:  # a world that cannot render: one line
-        num_video_envs = 4 if args.capture_video else 0
-        train_envs, eval_envs = envs.make_envs(functools.partial(envs.make_env, args.env_id), args.num_envs,
-                                               args.num_eval_skills, args.seed, num_video_envs, args.parallel_envs)
-    except (envs.RenderUnavailable, MemoryError) as e:
-        error(e)
-    streams = {"rng": np.random.default_rng(args.seed), "eval_rng": np.random.default_rng(args.seed + 1),
-               "eval_generator": torch.Generator().manual_seed(args.seed + 1), "envs": (train_envs, eval_envs)}
-    space = train_envs.single_observation_space  # a state vector or stacked RGB frames
-    action_dim, d = train_envs.single_action_space.shape[0], args.skill_dim
-    check_memory(args, space, action_dim, spec, device)
-    kernel_critic = args.critic in ("gaussian", "laplacian")  # ablations, as --reward mutual-information
-    scalar_head = kernel_critic or args.reward == "mutual-information"  # a reward not linear in z
-    phi = Phi(pair_space(space) if args.critic == "mlp" else space, d, args.hidden_dim).to(device)
-    psi = [SuccessorFeatures(space, action_dim, d, args.hidden_dim, scalar_head).to(device) for _ in range(2)]
-    psi_target = [SuccessorFeatures(space, action_dim, d, args.hidden_dim, scalar_head).to(device) for _ in psi]
-    for net, target in zip(psi, psi_target):
-        target.load_state_dict(net.state_dict())
-    actor = Actor(space, action_dim, d, args.hidden_dim).to(device)
+    torch.manual_seed(args.seed)  # the networks, skills, negatives, policy noise (and a device buffer's draws)
+    use_gpu = torch.cuda.is_available() and args.cuda
+    device = torch.device("cuda" if use_gpu else "cpu")
+    torch.set_float32_matmul_precision("high" if use_gpu else "highest")  # TF32 on a GPU
+    make_env = functools.partial(envs.make_env, args.env_id)
+    num_videos = 4 * args.capture_video  # the rollouts filmed at each evaluation
+    train_envs, eval_envs = envs.make_envs(
+        make_env, args.num_envs, args.num_eval_skills, args.seed, num_videos, args.parallel_envs)
+    space = train_envs.single_observation_space  # a state vector, or stacked RGB frames
+    action_dim = train_envs.single_action_space.shape[0]
+    d = args.skill_dim
+    # §6.3's ablations swap their parts in here and in `update` (skip them on a first reading)
+    kernel_critic = args.critic in ("gaussian", "laplacian")
+    scalar_head = kernel_critic or args.reward == "mutual-information"
+    phi_network = Phi
+    psi_network = SuccessorFeatures
+    phi_objective = contrastive_phi_loss
+    if args.critic == "mlp": phi_network = PairPhi
+    if scalar_head: psi_network = functools.partial(ScalarHeadSuccessorFeatures, args=args)
+    if kernel_critic: phi_objective = functools.partial(kernel_phi_loss, critic=args.critic)
+    width = args.hidden_dim
+    phi = phi_network(space, d, width).to(device)
+    psi = nn.ModuleList([psi_network(space, action_dim, d, width) for _ in range(2)]).to(device)
+    psi_target = nn.ModuleList([psi_network(space, action_dim, d, width) for _ in psi])
+    psi_target.load_state_dict(psi.state_dict())  # ψ̄ = ψ
+    psi_target.to(device)
+    actor = Actor(space, action_dim, d, width).to(device)
     if args.bf16:
-        envs.encoders_in_bf16(phi, *psi, *psi_target, actor)
-    log_alpha = torch.tensor(math.log(args.alpha_init), device=device, requires_grad=True)
+        envs.encoders_in_bf16(phi, psi, psi_target, actor)
+    log_alpha = torch.tensor(math.log(args.alpha_init), device=device)
+    log_alpha.requires_grad_()
     target_entropy = -action_dim / 2  # H̄ = -|A|/2, the official code's
-    psi_params, psi_target_params = ([p for net in nets for p in net.parameters()] for nets in (psi, psi_target))
-    adam = adam_options(args, device)  # one optimizer for both ψ, on their loss sum
-    phi_optimizer, psi_optimizer, actor_optimizer, alpha_optimizer = (
-        torch.optim.Adam(params, **adam) for params in (phi.parameters(), psi_params, actor.parameters(), [log_alpha]))
-    rb = ReplayBuffer(args.buffer_size, spec.horizon, space, spec.frame_stack, action_dim, d, streams["rng"],
-                      device if args.buffer_on_device else None)
-    modules = {"phi": phi, "psi1": psi[0], "psi2": psi[1], "psi1_target": psi_target[0], "psi2_target": psi_target[1],
-               "actor": actor, "phi_optimizer": phi_optimizer, "psi_optimizer": psi_optimizer,  # the checkpoint's keys
-               "actor_optimizer": actor_optimizer, "alpha_optimizer": alpha_optimizer, "log_alpha": log_alpha}
-    start_epoch, grad_steps, wall_time, window = (
-        restore_checkpoint(ckpt, args, modules, rb, streams, device) if ckpt else (0, 0, 0.0, new_window()))
+    # Adam: fused with --cudagraphs (foreach, which compile fuses, with --compile); its steps on the GPU with graphs
+    fused = args.cudagraphs and not args.compile
+    capturable = args.cudagraphs and use_gpu
+    adam = dict(lr=args.lr, fused=fused, foreach=not fused, capturable=capturable)
+    phi_optimizer = torch.optim.Adam(phi.parameters(), **adam)
+    psi_optimizer = torch.optim.Adam(psi.parameters(), **adam)  # both ψ, on their loss sum
+    actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
+    alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
+    rng = np.random.default_rng(args.seed)  # a host buffer's draws
+    buffer_device = None  # on the host
+    if args.buffer_on_device: buffer_device = device
+    rb = ReplayBuffer(
+        args.buffer_size, spec.horizon, space, spec.frame_stack, action_dim, d, rng, buffer_device)
+    learned = dict(  # what a checkpoint saves, under these names
+        phi=phi, psi=psi, psi_target=psi_target, actor=actor, log_alpha=log_alpha, buffer=rb,
+        phi_optimizer=phi_optimizer, psi_optimizer=psi_optimizer, actor_optimizer=actor_optimizer,
+        alpha_optimizer=alpha_optimizer)
+    run, progress = start_run(args, ckpt, learned, train_envs, eval_envs, device)
 
-    def update(batch):
+    def update(obs, action, next_obs, skill):
         """Alg. 1, lines 4-9: φ on the bound; ψ by TD, then ψ̄; π on min_k ψ_kᵀz + α H(π); α. Stats on the device."""
-        obs, action, next_obs, skill = batch["obs"], batch["action"], batch["next_obs"], batch["skill"]
         with record_function("phi step"):
             negatives = sample_skills(args.num_negatives, d, device=device)  # z'_j ~ p(z)
-            dphi = transition_features(phi, obs, next_obs, args.critic)
-            phi_loss, logsumexp = (ablation_phi_loss(dphi, skill, negatives, args.xi, args.critic) if kernel_critic
-                                   else contrastive_phi_loss(dphi, skill, negatives, args.xi))
+            dphi = phi.delta(obs, next_obs)
+            phi_loss, logsumexp = phi_objective(dphi, skill, negatives, args.xi)
             optimize(phi_optimizer, phi_loss)
-        with record_function("psi step"):  # then the targets ψ̄ ← (1 - τ) ψ̄ + τ ψ
-            psi_loss = psi_objective(psi, psi_target, phi, actor, obs, action, next_obs, skill, negatives, args)
+        with record_function("psi step"):  # the cumulant Δφ from the updated φ, then ψ̄ ← (1 - τ) ψ̄ + τ ψ
+            with torch.no_grad():
+                cumulant = phi.delta(obs, next_obs)
+            if scalar_head: cumulant = psi[0].with_remainder(cumulant, skill, negatives)
+            psi_loss = psi_objective(
+                psi, psi_target, actor, cumulant, obs, action, next_obs, skill, args.gamma)
             optimize(psi_optimizer, psi_loss)
             with torch.no_grad():
-                torch._foreach_lerp_(psi_target_params, psi_params, args.tau)
-        with record_function("actor step"), frozen(psi):  # the gradient flows through ψ, not into it
+                targets = list(psi_target.parameters())
+                torch._foreach_lerp_(targets, list(psi.parameters()), args.tau)
+        with record_function("actor step"):
             alpha = log_alpha.exp().detach()
             actor_loss, log_prob = actor_objective(actor, psi, obs, skill, alpha)
             optimize(actor_optimizer, actor_loss)
         with record_function("alpha step"):
             alpha_loss = temperature_loss(log_alpha, log_prob.detach(), target_entropy)
             optimize(alpha_optimizer, alpha_loss)
-        return {"phi_loss": phi_loss.detach(), "psi_loss": psi_loss.detach(), "actor_loss": actor_loss.detach(),
-                "alpha_loss": alpha_loss.detach(), "logsumexp": logsumexp.detach(), "alpha": alpha}
+        stats = dict(phi_loss=phi_loss, psi_loss=psi_loss, actor_loss=actor_loss,
+                     alpha_loss=alpha_loss, logsumexp=logsumexp, alpha=alpha)
+        return {name: value.detach() for name, value in stats.items()}
 
-    if args.compile:  # on a CPU, with eager's random draws
-        torch._inductor.config.fallback_random = device.type == "cpu"
-        update = torch.compile(update)
-    if args.cudagraphs and device.type == "cuda":
-        update = CudaGraphStep(update)
-    elif args.cudagraphs:
-        print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them", flush=True)
-    segment_start = time.time()
+    update = fast_path(update, args, device)
+    start_epoch = progress["epoch"]
     for epoch in range(start_epoch, num_epochs + 1):
-        # evaluate and checkpoint what the previous epochs produced
-        if (epoch % args.eval_every == 0 or epoch == num_epochs) and not (ckpt and epoch == start_epoch):
-            evaluate(epoch, grad_steps, wall_time + time.time() - segment_start, window, args, actor, phi, rb,
-                     eval_envs, streams, device, run_dir, writer)
-            window = new_window()
-        if epoch == num_epochs or (epoch % args.checkpoint_every == 0 and epoch != start_epoch):
-            save_checkpoint(run_dir, args, run_name, epoch, grad_steps, wall_time + time.time() - segment_start,
-                            window, modules, rb, streams, device)
-        if epoch == num_epochs:
+        epoch_start = time.time()
+        progress["epoch"] = epoch
+        last = epoch == num_epochs
+        # evaluate and checkpoint what the previous epochs made (a resumed run skips both at its first epoch)
+        if (epoch % args.eval_every == 0 or last) and not (ckpt and epoch == start_epoch):
+            evaluate(run, progress, args, actor, phi, rb, device)
+        if (epoch % args.checkpoint_every == 0 or last) and epoch != start_epoch:
+            save_checkpoint(run, progress, args, learned, device)
+        if last:
             break
         # a trajectory per env and skill, from the stochastic policy (Alg. 1, line 3)
+        collect_start = time.time()
         skills = sample_skills(args.num_envs, d).to(device)
         obs, _ = train_envs.reset()
-        observations, actions = [obs], []
+        observations = [obs]
+        actions = []
         with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
-                action = finite(actor.sample(torch.as_tensor(obs, device=device), skills)[0], epoch)
+                action = env_actions(actor, obs, skills, epoch)
                 obs, _, terminated, truncated, _ = train_envs.step(action)
-                # never terminal, cut at the horizon: the buffer's layout
-                assert not terminated.any() and (truncated == (t == spec.horizon - 1)).all()
-                observations.append(obs)  # the last: the final one
+                assert not terminated.any()  # never terminal, cut at the horizon: the buffer's layout
+                assert (truncated == (t == spec.horizon - 1)).all()
+                observations.append(obs)  # the last one: the trajectory's final observation
                 actions.append(action)
-        rb.add(np.stack(observations, 1), np.stack(actions, 1), skills.cpu().numpy())
-        window["env_steps"] += steps_per_epoch
+        observations = np.stack(observations, 1)
+        actions = np.stack(actions, 1)
+        rb.add(observations, actions, skills.cpu().numpy())
         # gradient steps, once learning_starts transitions are stored
-        train_start, step_stats = time.time(), []
+        train_start = time.time()
+        step_stats = []
         if rb.size >= args.learning_starts:
             for _ in range(args.grad_steps_per_epoch):
                 with record_function("sampling"):
                     batch = rb.sample(args.batch_size, device)
-                step_stats.append(update(batch))
-        grad_steps += len(step_stats)
-        sps = (epoch + 1 - start_epoch) * steps_per_epoch / (time.time() - segment_start)  # this run's, so far
-        log_epoch(writer, epoch, (epoch + 1) * steps_per_epoch, grad_steps, sps, window, args, step_stats,
-                  time.time() - train_start)  # a NaN loss ends the run here
-    for opened in (train_envs, eval_envs, writer):
-        opened.close()
-    if args.track:
-        import wandb
-        wandb.finish()
+                step_stats.append(update(**batch))
+        progress["grad_steps"] += len(step_stats)
+        progress["wall_time"] += time.time() - epoch_start
+        log_epoch(run, progress, args, step_stats, collect_start, train_start)  # a NaN or inf loss ends the run
+    train_envs.close()
+    eval_envs.close()
+    run.writer.close()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as before the run
-    print(f"done: {run_dir}")
+    print(f"done: {run.dir}")
 
 
 # ABLATIONS (§6.3): --critic mlp / gaussian / laplacian, --reward mutual-information. Skip on a first reading.
 def critic_value(x, skill, critic):
-    """f(s, s', z), x = Δφ: inner and mlp xᵀz, gaussian -½‖x - z‖², laplacian -‖x - z‖₁ (broadcasting)."""
+    """f(s, s', z) with x = Δφ: xᵀz for inner and mlp, -½‖x - z‖² for gaussian, -‖x - z‖₁ for laplacian."""
     if critic == "gaussian":
         return -0.5 * (x - skill).pow(2).sum(-1)
-    return -(x - skill).abs().sum(-1) if critic == "laplacian" else (x * skill).sum(-1)
+    if critic == "laplacian":
+        return -(x - skill).abs().sum(-1)
+    return (x * skill).sum(-1)
 
 
 def negative_logsumexp(x, negatives, critic):
-    """log Σ_j exp f(s, s', z'_j) per sample (B,), the negatives shared by the batch."""
-    kernel = critic in ("gaussian", "laplacian")
-    return torch.logsumexp(critic_value(x[:, None], negatives[None], critic) if kernel else x @ negatives.T, dim=-1)
+    """log Σ_j exp f(s, s', z'_j) for each sample (B,), the negatives shared by the batch."""
+    scores = x @ negatives.T  # (B, M)
+    if critic in ("gaussian", "laplacian"):
+        scores = critic_value(x[:, None], negatives[None], critic)
+    return torch.logsumexp(scores, dim=-1)
 
 
-def ablation_phi_loss(x, skill, negatives, xi, critic):
+def kernel_phi_loss(x, skill, negatives, xi, critic):
     """contrastive_phi_loss with any critic: -E[f(s, s', z)] + ξ E[log Σ_j exp f(s, s', z'_j)], and the mean lse."""
     logsumexp = negative_logsumexp(x, negatives, critic)
-    return -(critic_value(x, skill, critic) - xi * logsumexp).mean(), logsumexp.mean()
+    loss = -(critic_value(x, skill, critic) - xi * logsumexp).mean()
+    return loss, logsumexp.mean()
 
 
-def with_reward_remainder(dphi, skill, negatives, args):
-    """ψ's cumulant (B, d + 1) for a reward r not linear in z: Δφ, then r - Δφᵀz for ψ₀. r = f(s, s', z) (Eq. 11), or
-    under --reward mutual-information the bound's per-sample term f(s, s', z) - ξ log Σ_j exp f(s, s', z'_j)."""
-    r = critic_value(dphi, skill, args.critic)
-    if args.reward == "mutual-information":
-        r = r - args.xi * negative_logsumexp(dphi, negatives, args.critic)
-    return torch.cat([dphi, (r - (dphi * skill).sum(-1))[:, None]], -1)
+class PairPhi(Phi):
+    """--critic mlp: one network on (s, s'), concatenated along the last axis (channels on pixels): Δφ = φ(s, s')."""
+    def __init__(self, space, out_dim, hidden_dim):
+        low = np.concatenate([space.low] * 2, -1)
+        high = np.concatenate([space.high] * 2, -1)
+        super().__init__(gym.spaces.Box(low, high), out_dim, hidden_dim)
+
+    def delta(self, obs, next_obs):
+        return self(torch.cat([obs, next_obs], -1))
 
 
-def pair_space(space):
-    """What φ reads under --critic mlp: (s, s') concatenated along the last axis (channels on pixels)."""
-    return gym.spaces.Box(np.concatenate([space.low] * 2, -1), np.concatenate([space.high] * 2, -1), dtype=space.dtype)
+class ScalarHeadSuccessorFeatures(SuccessorFeatures):
+    """ψ and an extra output ψ₀, for a reward r not linear in z: ψ sums Δφ and ψ₀ the remainder r - Δφᵀz, so
+    Q = ψᵀz + ψ₀. r = f(s, s', z), or under --reward mutual-information f(s, s', z) - ξ log Σ_j exp f(s, s', z'_j)."""
+    def __init__(self, space, action_dim, skill_dim, hidden_dim, args):
+        inputs = skill_dim + action_dim
+        Phi.__init__(self, space, skill_dim + 1, hidden_dim, inputs, nn.init.xavier_normal_)
+        self.args = args
+
+    def value(self, psi, skill):
+        return super().value(psi[..., :-1], skill) + psi[..., -1]
+
+    def with_remainder(self, dphi, skill, negatives):
+        """ψ's cumulant (B, d + 1): Δφ, then r - Δφᵀz for ψ₀."""
+        r = critic_value(dphi, skill, self.args.critic)
+        if self.args.reward == "mutual-information":
+            r = r - self.args.xi * negative_logsumexp(dphi, negatives, self.args.critic)
+        remainder = r - (dphi * skill).sum(-1)
+        return torch.cat([dphi, remainder[:, None]], -1)
 
 
-# INFRASTRUCTURE: command line, start-up, fast path, checkpoints, evaluation, logs. A second reading.
+# INFRASTRUCTURE: the replay buffer, command line, start-up, fast path, checkpoints, evaluation, logs. Read later.
+class ReplayBuffer:
+    """A ring of whole trajectories (path_buffer_ex.py), each frame once, on the host or on `device` (drawn there)."""
+    def __init__(self, capacity, horizon, space, frame_stack, action_dim, skill_dim, rng, device=None):
+        n = capacity // horizon  # trajectories
+        frame_shape = (*space.shape[:-1], space.shape[-1] // frame_stack)
+        dtype = getattr(torch, space.dtype.name)  # uint8 frames, or float32 states
+        self.frames = torch.empty(n, horizon + 1, *frame_shape, dtype=dtype, device=device)
+        self.actions = torch.empty(n, horizon, action_dim, device=device)
+        self.skills = torch.empty(n, skill_dim, device=device)
+        self.horizon = horizon
+        self.frame_stack = frame_stack
+        self.rng = rng
+        self.on_device = device is not None
+        self.added = 0  # trajectories, ever
+
+    @property
+    def size(self):  # stored transitions
+        return min(self.added, len(self.skills)) * self.horizon
+
+    def add(self, observations, actions, skills):
+        """Whole trajectories: observations (n, horizon + 1, ...), actions (n, horizon, |A|), skills (n, d)."""
+        slots = torch.arange(self.added, self.added + len(skills)) % len(self.skills)
+        newest_frames = observations[..., -self.frames.shape[-1]:]
+        self.frames[slots] = torch.as_tensor(newest_frames).to(self.frames)
+        self.actions[slots] = torch.as_tensor(actions).to(self.actions)
+        self.skills[slots] = torch.as_tensor(skills).to(self.skills)
+        self.added += len(skills)
+
+    def sample(self, batch_size, device, rng=None):
+        """s, a, s', z drawn with replacement (numpy's `rng`, or a device buffer's torch generator), on `device`."""
+        if rng is None and self.on_device:
+            i = torch.randint(0, self.size, (batch_size,), device=device)
+        else:
+            i = (rng or self.rng).integers(0, self.size, batch_size)
+            i = torch.as_tensor(i, device=self.frames.device)
+        trajectory = i // self.horizon
+        t = i % self.horizon
+        steps = t[:, None] + torch.arange(1 - self.frame_stack, 2, device=i.device)  # frames t-k+1 .. t+1
+        frames = self.frames[trajectory[:, None], steps.clip(min=0)]  # the first repeated before t = 0
+        batch = {"frames": frames, "action": self.actions[trajectory, t], "skill": self.skills[trajectory]}
+        if torch.device(device).type == "cuda" and not self.on_device:
+            batch = {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+        frames = batch.pop("frames")  # s and s' stacked as the envs stack them
+        batch["obs"] = frames[:, :-1].movedim(1, -2).flatten(-2).contiguous()
+        batch["next_obs"] = frames[:, 1:].movedim(1, -2).flatten(-2).contiguous()
+        return batch
+
+    def state_dict(self):
+        stored = min(self.added, len(self.skills))
+        state = {"added": self.added, "rng": self.rng.bit_generator.state}
+        for name in ("frames", "actions", "skills"):
+            values = getattr(self, name)[:stored].cpu()  # a view of a host buffer, a copy of a device one
+            state[name] = torch.from_numpy(values.numpy())  # which torch.save writes alone, not the whole ring
+        return state
+
+    def load_state_dict(self, state):
+        self.added = state["added"]
+        self.rng.bit_generator.state = state["rng"]
+        for name in ("frames", "actions", "skills"):
+            getattr(self, name)[:len(state[name])] = state[name]
+
+
+FLAG_RANGES = {  # every numeric flag's valid interval ("[" closed, "(" open); NaN is never inside
+    **dict.fromkeys(["skill_dim", "total_env_steps", "num_envs", "batch_size", "buffer_size", "hidden_dim",
+                     "eval_every", "checkpoint_every", "num_eval_skills", "num_negatives"], "[1, inf)"),
+    **dict.fromkeys(["grad_steps_per_epoch", "learning_starts", "xi"], "[0, inf)"),
+    **dict.fromkeys(["lr", "alpha_init"], "(0, inf)"),
+    "seed": "[0, 2147483647]",
+    "gamma": "[0, 1)",
+    "tau": "(0, 1]",
+}
+# flags --resume may change, none changing the problem (the device, --buffer-on-device, --compile, --bf16: the numbers)
+RESUME_MAY_CHANGE = ("total_env_steps", "eval_every", "checkpoint_every", "resume", "cuda", "parallel_envs",
+                     "buffer_on_device", "cudagraphs", "compile", "bf16", "track", "wandb_project_name",
+                     "wandb_entity", "capture_video")
+
+
 def parse_args(argv=None):
-    """The flags, unset ones the paper's for the env; with --resume, the run's own (RESUME_MAY_CHANGE's anew)."""
-    args, ckpt = tyro.cli(Args, args=argv), None
+    """The flags, unset ones the world's; with --resume, the run's own. A bad flag, or too little memory: one line."""
+    args = tyro.cli(Args, args=argv)
+    ckpt = None
+    if args.resume and not os.path.isfile(args.resume):
+        error(f"no checkpoint file at {args.resume}")
     if args.resume:
         try:
             ckpt = torch.load(args.resume, map_location="cpu", weights_only=False)
         except Exception as e:
-            error(f"{args.resume} is not a readable checkpoint ({type(e).__name__})" if os.path.isfile(args.resume)
-                  else f"no checkpoint file at {args.resume}")
+            error(f"{args.resume} is not a readable checkpoint ({type(e).__name__})")
         if not isinstance(ckpt, dict) or "agent" not in ckpt:
             error(f"{args.resume} is not a cleanmisl checkpoint")
         if ckpt["agent"] != AGENT:
             error(f"{args.resume} is a {ckpt['agent']} checkpoint, not a {AGENT} one")
-        if set(ckpt["args"]) - {f.name for f in fields(Args)} or "since_eval" not in ckpt:
+        if set(ckpt["args"]) - {field.name for field in fields(Args)}:
             error(f"{args.resume} was written by another version of {AGENT}.py")
         args = tyro.cli(Args, args=argv, default=Args(**ckpt["args"]))
         for flag, trained in ckpt["args"].items():
-            if flag not in RESUME_MAY_CHANGE and getattr(args, flag) != trained:
-                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {getattr(args, flag)}")
+            given = getattr(args, flag)
+            if flag not in RESUME_MAY_CHANGE and given != trained:
+                error(f"{args.resume} was trained with --{flag.replace('_', '-')} {trained}, not {given}")
     for flag, value in env_defaults(args.env_id).items():
-        setattr(args, flag, value if getattr(args, flag) is None else getattr(args, flag))
-    args.checkpoint_every = args.eval_every if args.checkpoint_every is None else args.checkpoint_every
+        if getattr(args, flag) is None:
+            setattr(args, flag, value)
+    if args.checkpoint_every is None:
+        args.checkpoint_every = args.eval_every
     for flag, interval in FLAG_RANGES.items():
-        low, high, value = *(float(end) for end in interval[1:-1].split(",")), getattr(args, flag)
-        if not ((low <= value if interval[0] == "[" else low < value) and  # both False for NaN
-                (value <= high if interval[-1] == "]" else value < high)):
+        value = getattr(args, flag)
+        low, high = interval[1:-1].split(", ")
+        above = value >= float(low) if interval[0] == "[" else value > float(low)  # False for NaN
+        below = value <= float(high) if interval[-1] == "]" else value < float(high)
+        if not (above and below):
             error(f"--{flag.replace('_', '-')} must be in {interval}, got {value}")
-    h = envs.ENV_SPECS[args.env_id].horizon
-    ep = args.num_envs * h  # the env steps of one epoch
-    if args.buffer_size < ep:
-        error(f"--buffer-size must hold one epoch (--num-envs × {h} = {ep} transitions), got {args.buffer_size}")
-    if args.total_env_steps < ep:
-        error(f"--total-env-steps must cover one epoch (--num-envs × {h} = {ep} env steps), got {args.total_env_steps}")
-    stored = min(args.total_env_steps // ep * ep, args.buffer_size // h * h)
+    horizon = envs.ENV_SPECS[args.env_id].horizon
+    epoch = args.num_envs * horizon  # the env steps of one epoch
+    if args.buffer_size < epoch:
+        error(f"--buffer-size must hold one epoch (--num-envs × {horizon} = {epoch} transitions), "
+              f"got {args.buffer_size}")
+    if args.total_env_steps < epoch:
+        error(f"--total-env-steps must cover one epoch (--num-envs × {horizon} = {epoch} env steps), "
+              f"got {args.total_env_steps}")
+    stored = min(args.total_env_steps // epoch * epoch, args.buffer_size // horizon * horizon)
     if args.grad_steps_per_epoch and args.learning_starts > stored:
-        error(f"--learning-starts must be at most --total-env-steps and --buffer-size in whole epochs and trajectories "
-              f"({stored}), or the run never learns; got {args.learning_starts}")
-    if ckpt and args.total_env_steps // ep <= ckpt["epoch"]:
-        error(f"{args.resume} has already trained for {ckpt['epoch'] * ep} env steps; give a larger "
-              "--total-env-steps to continue it")
+        error(f"--learning-starts must be at most --total-env-steps and --buffer-size in whole epochs "
+              f"and trajectories ({stored}), or the run never learns; got {args.learning_starts}")
+    if ckpt and args.total_env_steps // epoch <= ckpt["epoch"]:
+        error(f"{args.resume} has already trained for {ckpt['epoch'] * epoch} env steps; "
+              "give a larger --total-env-steps to continue it")
+    try:
+        envs.check_env_memory(args.num_envs + args.num_eval_skills)
+        env = envs.make_env(args.env_id)  # for its sizes
+    except (MemoryError, envs.RenderUnavailable) as e:
+        error(e)
+    check_memory(args, env.observation_space, env.action_space.shape[0])
+    env.close()
     return args, ckpt
 
 
-def env_defaults(env_id):  # the paper's values that depend on the env
-    paper = ("total_env_steps", "num_envs", "grad_steps_per_epoch", "buffer_size", "eval_every")
-    return {"skill_dim": SKILL_DIMS[env_id], **{flag: getattr(envs.ENV_SPECS[env_id], flag) for flag in paper}}
+def env_defaults(env_id):  # the flags whose unset value depends on the world
+    spec = envs.ENV_SPECS[env_id]
+    flags = ("total_env_steps", "num_envs", "grad_steps_per_epoch", "buffer_size", "eval_every")
+    return {"skill_dim": SKILL_DIMS[env_id], **{flag: getattr(spec, flag) for flag in flags}}
 
 
-def start_run(args, ckpt):  # the run's folder, Ctrl-C, W&B, TensorBoard, the flags
-    run_name = ckpt["run_name"] if ckpt else f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.dirname(os.path.abspath(args.resume)) if ckpt else os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    signal.signal(signal.SIGINT, lambda *_: error("interrupted", run_dir))  # every write is atomic
+def start_run(args, ckpt, learned, train_envs, eval_envs, device):
+    """The run's folder, logs, evaluation streams, and progress: a new run's, or with --resume the checkpoint's."""
+    name = f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
+    folder = os.path.join("runs", name)
+    if ckpt:
+        name = ckpt["run_name"]
+        folder = os.path.dirname(os.path.abspath(args.resume))
+    os.makedirs(folder, exist_ok=True)
+    signal.signal(signal.SIGINT, lambda *_: error("interrupted", folder))  # every write is atomic
     if args.track:
         import wandb
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True, resume="allow", id=run_name)
-    # TensorBoard writes from a thread: a failed write raises at the next add_scalar
+                   config=vars(args), name=name, save_code=True, resume="allow", id=name)
+    # TensorBoard writes from a thread: a failed write raises at the next add_scalar, not in the thread
     threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
-    writer = SummaryWriter(run_dir)
+    writer = SummaryWriter(folder)
     table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    resolved = (*env_defaults(args.env_id), "checkpoint_every")
+    resolved = [*env_defaults(args.env_id), "checkpoint_every"]
     flags = ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}" for flag in resolved)
-    print(f"{args.env_id} (horizon {envs.ENV_SPECS[args.env_id].horizon}): {flags}"
-          + (" (the run's own)" if ckpt else " (a flag left unset: the paper's for the env)"), flush=True)
-    return run_name, run_dir, writer
+    source = "the run's own, but for those given anew" if ckpt else "a flag left unset takes the world's value"
+    print(f"{args.env_id} (horizon {envs.ENV_SPECS[args.env_id].horizon}): {flags} ({source})")
+    run = types.SimpleNamespace(name=name, dir=folder, writer=writer, train_envs=train_envs,
+                                eval_envs=eval_envs)
+    run.eval_rng = np.random.default_rng(args.seed + 1)  # E‖Δφ‖²'s replay draws
+    run.eval_generator = torch.Generator().manual_seed(args.seed + 1)  # the evaluation's skills
+    if ckpt:
+        return run, resume(ckpt, run, args, learned, device)
+    progress = {"epoch": 0, "grad_steps": 0, "wall_time": 0.0, "timing": {}}
+    return run, {**progress, "since_eval": [], "evals": []}
 
 
-def check_memory(args, space, action_dim, spec, device):  # refuses what cannot fit, before allocating
+def check_memory(args, space, action_dim):
+    """Refuses, before anything is allocated, a run whose buffer, networks and batch do not fit where they go."""
+    spec = envs.ENV_SPECS[args.env_id]
     frame_bytes = math.prod(space.shape) // spec.frame_stack * space.dtype.itemsize
-    trajectory_bytes = (spec.horizon + 1) * frame_bytes + 4 * (spec.horizon * action_dim + args.skill_dim)
-    host = {"the replay buffer (--buffer-size)": args.buffer_size // spec.horizon * trajectory_bytes}
-    on_device = {"the networks (--hidden-dim)": 4 * args.hidden_dim**2 * (4 * 4 + 2), "one batch (--batch-size)":
-                 4 * args.batch_size * (2 * math.prod(space.shape) + 8 * args.hidden_dim)}
-    if args.buffer_on_device:
-        host, on_device = {}, {**host, **on_device}
-    places = {"GPU": on_device, "host": host} if device.type == "cuda" else {"host": {**host, **on_device}}
+    step_bytes = frame_bytes + 4 * action_dim  # and a last frame, and the skill, per trajectory
+    trajectory_bytes = spec.horizon * step_bytes + frame_bytes + 4 * args.skill_dim
+    buffer = {"the replay buffer (--buffer-size)": args.buffer_size // spec.horizon * trajectory_bytes}
+    batch_floats = 2 * math.prod(space.shape) + 8 * args.hidden_dim
+    training = {
+        "the networks (--hidden-dim)": 72 * args.hidden_dim**2,  # 18 square layers' worth of float32
+        "one batch (--batch-size)": 4 * args.batch_size * batch_floats,
+    }
+    places = {"host": buffer | training}
+    if torch.cuda.is_available() and args.cuda:  # the networks, the batches and a device buffer on the GPU
+        places = {"GPU": training, "host": buffer}
+        if args.buffer_on_device:
+            places = {"GPU": buffer | training}
     for place, parts in places.items():
-        free = torch.cuda.mem_get_info(device)[0] if place == "GPU" else envs.free_host_memory()
+        free = torch.cuda.mem_get_info()[0] if place == "GPU" else envs.free_host_memory()
+        sizes = ", ".join(f"{part} {size / 2**30:,.1f}" for part, size in parts.items())
         if sum(parts.values()) > free:
-            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: " + ", ".join(
-                f"{name} {size / 2**30:,.1f}" for name, size in parts.items()) + f"; {free / 2**30:,.1f} GiB is free")
+            error(f"this run needs at least {sum(parts.values()) / 2**30:,.1f} GiB of {place} memory: {sizes}; "
+                  f"{free / 2**30:,.1f} GiB is free")
 
 
-def adam_options(args, device):  # foreach (compile fuses it), fused under --cudagraphs alone
-    fused, capturable = args.cudagraphs and not args.compile, args.cudagraphs and device.type == "cuda"
-    return {"lr": args.lr, "fused": fused, "foreach": not fused, "capturable": capturable}
+def fast_path(update, args, device):
+    """The gradient step compiled with --compile, and replayed as one CUDA graph with --cudagraphs on a GPU."""
+    if args.compile:
+        torch._inductor.config.fallback_random = device.type == "cpu"  # on a CPU, eager's random draws
+        update = torch.compile(update)
+    if args.cudagraphs and device.type != "cuda":
+        print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them (Adam fused)")
+    elif args.cudagraphs:
+        update = CudaGraphStep(update)
+    return update
 
 
-class CudaGraphStep:  # 3 warm-up steps, then one recorded as a CUDA graph
+class CudaGraphStep:
+    """The step: 3 warm-up calls, one recorded as a CUDA graph, then replays of it on each batch copied in."""
     def __init__(self, step):
-        self.step, self.calls, self.graph = step, 0, None
+        self.step = step
+        self.calls = 0
 
-    def __call__(self, batch):
-        if self.calls < 3:
-            self.calls += 1
+    def __call__(self, **batch):
+        self.calls += 1
+        if self.calls <= 3:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "This instance was constructed with capturable=True")
-                stats = self.step(batch)
+                stats = self.step(**batch)
             torch.cuda.current_stream().wait_stream(side)
             return stats
-        if self.graph is None:
-            self.batch, self.graph = {k: v.clone() for k, v in batch.items()}, torch.cuda.CUDAGraph()
+        if self.calls == 4:
+            self.batch = batch
+            self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
-                self.stats = self.step(self.batch)
-        for k, v in batch.items():
-            self.batch[k].copy_(v)
+                self.stats = self.step(**batch)
+        for name, value in batch.items():
+            self.batch[name].copy_(value)
         self.graph.replay()
-        return {k: v.clone() for k, v in self.stats.items()}
+        return {name: value.clone() for name, value in self.stats.items()}
 
 
-def save_checkpoint(run_dir, args, run_name, epoch, grad_steps, wall_time, window, modules, rb, streams, device):
-    """What a resumed run needs to go on as this one would, written atomically; never NaN or inf."""
-    state = {"agent": AGENT, "args": asdict(args), "run_name": run_name, "epoch": epoch, "grad_steps": grad_steps,
-             "wall_time": wall_time, "buffer": rb.state_dict(), "torch_rng": torch.get_rng_state(),
-             "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
-             "numpy_rng": streams["rng"].bit_generator.state, "eval_numpy_rng": streams["eval_rng"].bit_generator.state,
-             "eval_torch_rng": streams["eval_generator"].get_state(),
-             "env_rngs": [rng for vector in streams["envs"] for rng in envs.env_rng_states(vector)],
-             "since_eval": {**window, "start": time.time() - window["start"]},
-             **{name: module.detach().cpu() if torch.is_tensor(module) else module.state_dict()
-                for name, module in modules.items()}}
-    diverged = non_finite({name: state[name] for name in modules})
-    if diverged:
-        error(f"{diverged[0]} holds NaN or inf at epoch {epoch} ({len(diverged)} tensors do): the run diverged",
-              run_dir)
-    write_atomically(os.path.join(run_dir, "checkpoint.pt"), lambda tmp: torch.save(state, tmp), run_dir)
+def save_checkpoint(run, progress, args, learned, device):
+    """What a resumed run needs to go on as this one would, written atomically; a NaN or inf weight or moment: stop."""
+    state = {"agent": AGENT, "args": asdict(args), "run_name": run.name, **progress}
+    for name, thing in learned.items():
+        tensors = list(thing.parameters()) if isinstance(thing, nn.Module) else []
+        if isinstance(thing, torch.optim.Optimizer):  # its moments
+            tensors = [value for state in thing.state.values() for value in state.values()]
+        if not all(tensor.isfinite().all() for tensor in tensors):
+            error(f"{name} holds NaN or inf at epoch {progress['epoch']}: the run diverged", run.dir)
+        if torch.is_tensor(thing):  # log α
+            state[name] = thing.detach().cpu()
+        else:
+            state[name] = thing.state_dict()
+    state["rngs"] = {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else [],
+        "eval_numpy": run.eval_rng.bit_generator.state,
+        "eval_torch": run.eval_generator.get_state(),
+        "envs": envs.env_rng_states(run.train_envs) + envs.env_rng_states(run.eval_envs),
+    }
+    write_atomically(f"{run.dir}/checkpoint.pt", lambda tmp: torch.save(state, tmp), run.dir)
 
 
-def non_finite(state, prefix=""):  # the names of NaN or inf tensors in a state dict
-    if torch.is_tensor(state):
-        return [prefix] if state.is_floating_point() and not torch.isfinite(state).all() else []
-    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else []
-    return [name for key, value in items for name in non_finite(value, f"{prefix}.{key}".lstrip("."))]
-
-
-def restore_checkpoint(ckpt, args, modules, rb, streams, device):
-    """The checkpoint's state back; another version's ends the run in one line."""
+def resume(ckpt, run, args, learned, device):
+    """The checkpoint's state and progress, its evaluations back in eval.jsonl; a state that does not fit: one line."""
+    for name, thing in learned.items():
+        if name not in ckpt:
+            error(f"{args.resume} was written by another version of {AGENT}.py: it has no {name}")
+        try:
+            if isinstance(thing, torch.optim.Optimizer):  # with this run's options (fused, capturable)
+                for group in ckpt[name]["param_groups"]:
+                    group.update(thing.defaults)
+            if torch.is_tensor(thing):  # log α
+                thing.data.copy_(ckpt[name])
+            else:
+                thing.load_state_dict(ckpt[name])
+        except (KeyError, RuntimeError, ValueError, TypeError) as e:
+            detail = " ".join(str(e).split())[:160]
+            error(f"{args.resume}'s {name} does not fit this {AGENT}.py ({detail})")
     try:
-        for name, module in modules.items():  # Adam with this run's options
-            if hasattr(module, "param_groups"):
-                ckpt[name]["param_groups"] = [g | adam_options(args, device) for g in ckpt[name]["param_groups"]]
-            module.data.copy_(ckpt[name]) if torch.is_tensor(module) else module.load_state_dict(ckpt[name])  # log α
-        rb.load_state_dict(ckpt["buffer"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        if device.type == "cuda" and ckpt["cuda_rng"] is not None:
-            restore_cuda_rng(ckpt["cuda_rng"])
-        streams["eval_generator"].set_state(ckpt["eval_torch_rng"])
-        streams["rng"].bit_generator.state = ckpt["numpy_rng"]
-        streams["eval_rng"].bit_generator.state = ckpt["eval_numpy_rng"]
-        envs.set_env_rng_states(streams["envs"][0], ckpt["env_rngs"][:args.num_envs])
-        envs.set_env_rng_states(streams["envs"][1], ckpt["env_rngs"][args.num_envs:])
-        saved = ckpt["since_eval"]  # start: seconds before the checkpoint
-        stats = [{k: v.to(device) for k, v in means.items()} for means in saved["stats"]]
-        window = {**saved, "stats": stats, "start": time.time() - saved["start"], "resumed_at": ckpt["epoch"]}
-    except (KeyError, RuntimeError, ValueError, AttributeError) as e:
-        error(f"{args.resume} was written by another version of {AGENT}.py ({' '.join(str(e).split())[:160]})")
+        rngs = ckpt["rngs"]
+        torch.set_rng_state(rngs["torch"])
+        torch.cuda.set_rng_state_all(rngs["cuda"][:torch.cuda.device_count()])  # on maybe fewer GPUs
+        run.eval_rng.bit_generator.state = rngs["eval_numpy"]
+        run.eval_generator.set_state(rngs["eval_torch"])
+        envs.set_env_rng_states(run.train_envs, rngs["envs"][:args.num_envs])
+        envs.set_env_rng_states(run.eval_envs, rngs["envs"][args.num_envs:])
+        names = ["epoch", "grad_steps", "wall_time", "since_eval", "evals", "timing"]
+        progress = {name: ckpt[name] for name in names}
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        detail = " ".join(str(e).split())[:160]
+        error(f"{args.resume} was written by another version of {AGENT}.py ({detail})")
+    write_log(run, progress["evals"])  # without what was logged after the checkpoint
     print(f"resumed {ckpt['run_name']} at epoch {ckpt['epoch']}")
-    return ckpt["epoch"], ckpt["grad_steps"], ckpt["wall_time"], window
+    return progress
 
 
-def restore_cuda_rng(states):  # on maybe fewer GPUs
-    for index, state in enumerate(states[: torch.cuda.device_count()]):
-        torch.cuda.set_rng_state(state, index)
+def write_log(run, evals):  # eval.jsonl: a line per evaluation
+    text = "".join(json.dumps(result) + "\n" for result in evals)
+    write_atomically(f"{run.dir}/eval.jsonl", lambda tmp: pathlib.Path(tmp).write_text(text), run.dir)
 
 
 @torch.no_grad()
 @record_function("evaluation")
-def evaluate(epoch, grad_steps, wall_time, window, args, actor, phi, rb, eval_envs, streams, device, run_dir, writer):
-    """Deterministic rollouts of fresh skills (iod/metra.py: _evaluate_policy): coverage, E‖Δφ‖², means."""
-    spec, videos = envs.ENV_SPECS[args.env_id], eval_envs.video_envs
-    skills = sample_skills(args.num_eval_skills, args.skill_dim, streams["eval_generator"])
-    (obs, info), coordinates, frames = eval_envs.reset(), [], []
-    for t in range(spec.horizon + 1):  # after the reset and every step
-        coordinates.append(info["coordinates"])
-        frames += [np.concatenate(envs.render_envs(eval_envs, videos), 1)] if videos else []
+def evaluate(run, progress, args, actor, phi, rb, device):
+    """The policy's mode for fresh skills (iod/metra.py: _evaluate_policy), E‖Δφ‖², the means since the last one."""
+    epoch = progress["epoch"]
+    spec = envs.ENV_SPECS[args.env_id]
+    env_steps = epoch * args.num_envs * spec.horizon
+    videos = run.eval_envs.video_envs
+    skills = sample_skills(args.num_eval_skills, args.skill_dim, run.eval_generator)
+    obs, info = run.eval_envs.reset()
+    coordinates = [info["coordinates"]]
+    frames = []
+    for t in range(spec.horizon + 1):  # after the reset and after every step
+        if videos:
+            frames.append(np.concatenate(envs.render_envs(run.eval_envs, videos), 1))
         if t < spec.horizon:
-            action = actor.mode(torch.as_tensor(obs, device=device), skills.to(device))
-            obs, _, _, _, info = eval_envs.step(finite(action, epoch))
-    paths, env_steps = np.stack(coordinates, 1), epoch * args.num_envs * spec.horizon  # (rollouts, horizon + 1, dims)
-    result = {"epoch": epoch, "env_steps": env_steps, "grad_steps": grad_steps, "wall_time": round(wall_time, 2),
-              "coverage": envs.coverage(paths, args.env_id)}
-    writer.add_scalar("eval/coverage", result["coverage"], env_steps)
-    if rb.size > 0:  # E‖Δφ‖² on ≤ 10k replay transitions
+            action = env_actions(actor, obs, skills.to(device), epoch, deterministic=True)
+            obs, _, _, _, info = run.eval_envs.step(action)
+            coordinates.append(info["coordinates"])
+    paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coordinates)
+    coverage = envs.coverage(paths, args.env_id)
+    result = dict(epoch=epoch, env_steps=env_steps, grad_steps=progress["grad_steps"],
+                  wall_time=round(progress["wall_time"], 2), coverage=coverage)
+    run.writer.add_scalar("eval/coverage", coverage, env_steps)
+    if rb.size > 0:  # E‖Δφ‖² on up to 10k replay transitions, 1000 at a time
         n = min(10_000, rb.size)
-        batches = (rb.sample(min(1000, n - i), device, rng=streams["eval_rng"]) for i in range(0, n, 1000))
-        result["dphi_sq"] = torch.cat([transition_features(phi, b["obs"], b["next_obs"], args.critic).pow(2).sum(-1)
-                                       for b in batches]).mean().item()
-        writer.add_scalar("eval/dphi_sq", result["dphi_sq"], env_steps)
-    if window["stats"]:
-        per_epoch = torch.stack([torch.stack(list(means.values())) for means in window["stats"]])
-        result |= dict(zip(window["stats"][0], per_epoch.mean(0).tolist()))
-    result |= {"sps": window["env_steps"] / (time.time() - window["start"])} if window["env_steps"] else {}
-    result |= {"ms_per_grad_step": 1000 * window["train_time"] / window["grad_steps"]} if window["grad_steps"] else {}
+        squares = []
+        for start in range(0, n, 1000):
+            batch = rb.sample(min(1000, n - start), device, rng=run.eval_rng)
+            squares.append(phi.delta(batch["obs"], batch["next_obs"]).pow(2).sum(-1))
+        result["dphi_sq"] = torch.cat(squares).mean().item()
+        run.writer.add_scalar("eval/dphi_sq", result["dphi_sq"], env_steps)
+    since_eval = progress["since_eval"]  # each epoch's means of the stats
+    if since_eval:
+        per_epoch = torch.stack([torch.stack(list(means.values())) for means in since_eval])
+        result.update(zip(since_eval[0], per_epoch.mean(0).tolist()))
+    since_eval.clear()
+    result.update(progress["timing"])
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    z = skills.numpy()
-    fig, ax = plt.subplots(figsize=(5, 5))  # colour: the angle of (z_0, z_1), or z's sign
-    angle = np.arctan2(z[:, 1], z[:, 0]) if args.skill_dim > 1 else np.pi * (z[:, 0] > 0)
+    z = skills.numpy()  # a path's colour: the angle of (z_0, z_1), or z's sign
+    angle = np.pi * (z[:, 0] > 0)
+    if args.skill_dim > 1:
+        angle = np.arctan2(z[:, 1], z[:, 0])
+    fig, ax = plt.subplots(figsize=(5, 5))
     envs.draw_coordinates(ax, paths, plt.cm.hsv((angle + np.pi) / (2 * np.pi)), args.env_id)
-    ax.set_title(f"CSF {args.env_id}, {env_steps:,} env steps, coverage {result['coverage']}")
+    ax.set_title(f"CSF {args.env_id}, {env_steps:,} env steps, coverage {coverage}")
     fig.tight_layout()
-    write_atomically(f"{run_dir}/skills_{env_steps:010d}.png", lambda tmp: fig.savefig(tmp, dpi=100), run_dir)
+    plot = f"{run.dir}/skills_{env_steps:010d}.png"
+    write_atomically(plot, lambda tmp: fig.savefig(tmp, dpi=100), run.dir)
     plt.close(fig)
     if videos:
         import imageio
-        os.makedirs(f"{run_dir}/videos", exist_ok=True)
-        video = f"{run_dir}/videos/skills_{env_steps:010d}.mp4"
-        write_atomically(video, lambda tmp: imageio.mimsave(tmp, frames, fps=20), run_dir)
-    log_path, kept = f"{run_dir}/eval.jsonl", []  # a resume drops lines after its checkpoint
-    logged = pathlib.Path(log_path).read_text() if os.path.isfile(log_path) else ""
-    lines = [line for line in logged.splitlines() if line.strip()]
-    for number, line in enumerate(lines, 1):
-        try:
-            kept += [line] if json.loads(line)["epoch"] <= window.get("resumed_at", epoch - 1) else []
-        except (ValueError, KeyError, TypeError):
-            if number < len(lines):
-                error(f"line {number} of {log_path} is not an evaluation; mend or delete it, then resume")
-            print(f"warning: dropped the torn last line of {log_path}", file=sys.stderr)
-    text = "\n".join([*kept, json.dumps(result)]) + "\n"
-    write_atomically(log_path, lambda tmp: pathlib.Path(tmp).write_text(text), run_dir)
-    print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {result['coverage']} | " + " | ".join(
-        f"{k} {v:.4g}" for k, v in list(result.items())[5:-1]), flush=True)
+        os.makedirs(f"{run.dir}/videos", exist_ok=True)
+        video = f"{run.dir}/videos/skills_{env_steps:010d}.mp4"
+        write_atomically(video, lambda tmp: imageio.mimsave(tmp, frames, fps=20), run.dir)
+    progress["evals"].append(result)
+    write_log(run, progress["evals"])
+    figures = "".join(f" | {k} {v:.4g}" for k, v in list(result.items())[5:-1])
+    print(f"eval  epoch {epoch} | env steps {env_steps:,} | coverage {coverage}{figures}")
 
 
-def new_window():  # since the last evaluation
-    return {"stats": [], "train_time": 0.0, "grad_steps": 0, "start": time.time(), "env_steps": 0}
-
-
-def log_epoch(writer, epoch, env_steps, grad_steps, sps, window, args, step_stats, train_time):
-    """A NaN or inf *_loss ends the run, naming its step; else the means go to the window and TensorBoard."""
+def log_epoch(run, progress, args, step_stats, collect_start, train_start):
+    """A NaN or inf *_loss ends the run; else the epoch's stats go to TensorBoard and the next evaluation."""
+    epoch = progress["epoch"]
+    steps_per_epoch = args.num_envs * envs.ENV_SPECS[args.env_id].horizon
+    env_steps = (epoch + 1) * steps_per_epoch
+    progress["timing"] = {"sps": steps_per_epoch / (time.time() - collect_start)}
+    means = {}
     if step_stats:
+        milliseconds = 1000 * (time.time() - train_start)
+        progress["timing"]["ms_per_grad_step"] = milliseconds / len(step_stats)
         names = list(step_stats[0])
         per_step = torch.stack([torch.stack(list(stats.values())) for stats in step_stats])  # (steps, stats)
         losses = [i for i, name in enumerate(names) if name.endswith("_loss")]
-        bad = ~torch.isfinite(per_step[:, losses])
-        if bad.any():
-            step, which = bad.nonzero()[0].tolist()
-            error(f"{names[losses[which]]} is {per_step[step, losses[which]].item()} at gradient step "
-                  f"{grad_steps - len(step_stats) + step + 1} (epoch {epoch})", writer.log_dir)
-        means = per_step.mean(0)
-        window["stats"].append(dict(zip(names, means)))
-        window["grad_steps"] += len(step_stats)
-        window["train_time"] += train_time
-        for name, value in zip(names, means.tolist()):
-            writer.add_scalar(f"losses/{name}" if name.endswith("loss") else f"charts/{name}", value, env_steps)
-    writer.add_scalar("charts/SPS", int(sps), env_steps)
-    writer.add_scalar("charts/grad_steps", grad_steps, env_steps)
+        bad = torch.nonzero(~per_step[:, losses].isfinite())  # (step, loss) pairs, the earliest first
+        if len(bad) > 0:
+            step, i = bad[0].tolist()
+            value = per_step[step, losses[i]].item()
+            step += progress["grad_steps"] - len(step_stats) + 1
+            error(f"{names[losses[i]]} is {value} at gradient step {step} (epoch {epoch})", run.dir)
+        means = dict(zip(names, per_step.mean(0).cpu()))
+        progress["since_eval"].append(means)
+    for name, value in means.items():
+        group = "losses" if name.endswith("loss") else "charts"
+        run.writer.add_scalar(f"{group}/{name}", value, env_steps)
+    sps = env_steps / progress["wall_time"]  # the run's, evaluations included
+    run.writer.add_scalar("charts/SPS", int(sps), env_steps)
+    run.writer.add_scalar("charts/grad_steps", progress["grad_steps"], env_steps)
     if (epoch + 1) % 10 == 0:
-        last = {k: v.item() for k, v in window["stats"][-1].items()} if window["stats"] else {}
+        figures = "".join(f" | {name} {value:.4g}" for name, value in means.items())
         left = duration((args.total_env_steps - env_steps) / sps)
-        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {int(sps)} | {left} left | "
-              + " | ".join(f"{k} {v:.4g}" for k, v in last.items()), flush=True)
+        print(f"epoch {epoch + 1} | env steps {env_steps:,} | SPS {int(sps)} | {left} left{figures}")
 
 
 def duration(seconds):  # "45 s", "12 min", "3 h 05 min"
-    m = round(seconds / 60)
-    return f"{seconds:.0f} s" if seconds < 60 else f"{m} min" if m < 60 else f"{m // 60} h {m % 60:02d} min"
+    minutes = round(seconds / 60)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def finite(action, epoch):  # for the envs; NaN or inf ends the run
-    if not np.isfinite(action := action.cpu().numpy()).all():
-        error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
-    return action
-
-
-def error(message, run_dir=None):  # one line, no traceback
+def error(message, run_dir=None):
+    """Ends the run with one line, no traceback; given the run's folder, with the command that resumes it."""
     if run_dir:
-        path = os.path.join(run_dir, "checkpoint.pt")
-        message += f"; resume with --resume {path}" if os.path.isfile(path) else "; no checkpoint was written yet"
+        checkpoint = os.path.join(run_dir, "checkpoint.pt")
+        hint = f"resume with --resume {checkpoint}" if os.path.isfile(checkpoint) else "no checkpoint was written yet"
+        message = f"{message}; {hint}"
     sys.exit(f"{AGENT}.py: error: {message}")
 
 
-def write_atomically(path, write, run_dir):  # a failed write leaves the old file whole
+def write_atomically(path, write, run_dir):
+    """write(temporary), then a rename: a failed write leaves the old file whole and no temporary behind."""
     temporary = "{}.tmp{}".format(*os.path.splitext(path))  # its extension names the format
     try:
         write(temporary)
         os.replace(temporary, path)
-    except BaseException as e:  # no temporary left behind
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(temporary)
         if not isinstance(e, (OSError, RuntimeError)):  # torch.save fails with a RuntimeError
             raise
-        cut_short = "unexpected pos" in str(e) or "write failed" in str(e)
-        reason = (e.strerror or str(e)) if isinstance(e, OSError) else (
-            "the write was cut short: is the disk full?" if cut_short else " ".join(str(e).split())[:120])
+        reason = "the write was cut short: is the disk full?"
+        if isinstance(e, OSError):
+            reason = e.strerror or str(e)
         error(f"cannot write {path} ({reason})", run_dir)
 
 
 if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)  # every line as it happens, also into a file
     args, ckpt = parse_args()
     try:
         main(args, ckpt)
+    except (envs.RenderUnavailable, MemoryError) as e:  # a world that cannot render here, or envs beyond memory
+        error(e)
     except OSError as e:  # the run's folder or TensorBoard's file
-        error(f"cannot write {os.fsdecode(e.filename) if e.filename else 'the TensorBoard log'} ({e.strerror or e})")
+        where = os.fsdecode(e.filename) if e.filename else "the TensorBoard log"
+        error(f"cannot write {where} ({e.strerror or e})")

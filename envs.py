@@ -1411,6 +1411,14 @@ def free_host_memory():
         return float("inf")
 
 
+def check_env_memory(num_envs):
+    """MemoryError (one line) if `num_envs` envs, training and evaluation together, cannot fit in free host memory."""
+    needed, free = num_envs * ENV_BYTES, free_host_memory()
+    if needed > free:
+        raise MemoryError(f"{num_envs:,} training and evaluation envs need at least {needed / 2**30:,.1f} GiB of host "
+                          f"memory; {free / 2**30:,.1f} GiB is free")
+
+
 def make_envs(make, num_envs, num_eval_envs, seed, num_video_envs=0, parallel=True):
     """A run's training and evaluation vector envs, reset with `seed` and `seed + 10_000`; both never reset on their
     own. `make(render_mode)` builds one env (e.g. functools.partial(make_env, "Ant")); the first `num_video_envs`
@@ -1422,10 +1430,7 @@ def make_envs(make, num_envs, num_eval_envs, seed, num_video_envs=0, parallel=Tr
             return ParallelVectorEnv(env_fns)
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
 
-    needed, free = (num_envs + num_eval_envs) * ENV_BYTES, free_host_memory()
-    if needed > free:
-        raise MemoryError(f"{num_envs + num_eval_envs:,} training and evaluation envs need at least "
-                          f"{needed / 2**30:,.1f} GiB of host memory; {free / 2**30:,.1f} GiB is free")
+    check_env_memory(num_envs + num_eval_envs)
     made = []
     try:
         made.append(vector([functools.partial(make, None)] * num_envs))

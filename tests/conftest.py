@@ -28,9 +28,9 @@ TINY = ("--num-envs", "2", "--learning-starts", "800", "--grad-steps-per-epoch",
 FIVE_EPOCHS = ("--total-env-steps", "2000", "--eval-every", "2", "--checkpoint-every", "3", *TINY)
 
 TIMING = {"wall_time", "sps", "ms_per_grad_step", "peak_rss_mb"}  # eval.jsonl keys that depend on the clock
-# checkpoint keys that may differ between two runs of the same numbers: the clock, the run's start time in its
-# name, and the path it was resumed from
-NOT_NUMBERS = {"wall_time", "start", "run_name", "resume"}
+# checkpoint keys that may differ between two runs of the same numbers: the clock (in the evaluations it holds too),
+# the run's start time in its name, and the path it was resumed from
+NOT_NUMBERS = {*TIMING, "timing", "run_name", "resume"}
 
 
 def name(agent):

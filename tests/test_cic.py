@@ -24,34 +24,33 @@ def test_cpc_loss_subtracts_the_largest_possible_diagonal_term():
 
 
 def test_running_moments_keep_the_variance_of_everything_seen():
-    moments = cic.RunningMoments(torch.device("cpu"))
+    moments = torch.tensor([0.0, 1.0, 1e-4], dtype=torch.float64)  # main's prior: mean 0, variance 1, count 1e-4
     first, second = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([10.0, 20.0])
-    moments.update(first)
-    moments.update(second)
+    cic.running_variance(moments, first)
+    variance = cic.running_variance(moments, second)
+    mean, var, count = moments
     seen = np.concatenate([first, second])
-    # from the prior (mean 0, variance 1, count 1e-4), each batch's unbiased variance folds in: ≈ the pooled moments
-    assert moments.count.item() == pytest.approx(6 + 1e-4)
-    assert moments.mean.item() == pytest.approx(seen.mean(), rel=1e-4)
+    # from the prior, each batch's unbiased variance folds in: ≈ the pooled moments
+    assert count.item() == pytest.approx(6 + 1e-4)
+    assert mean.item() == pytest.approx(seen.mean(), rel=1e-4)
     pooled = (4 * first.var().item() + 2 * second.var().item() + 4 * 2 / 6 * (first.mean() - second.mean()).item() ** 2) / 6
-    assert moments.var.item() == pytest.approx(pooled, rel=1e-3)
-    # kept as float64 tensors on the device (no step reads them back), as exact as the Python floats they were
-    assert all(v.dtype == torch.float64 and v.device.type == "cpu" for v in moments.state_dict().values())
-    state = moments.state_dict()
-    clone = cic.RunningMoments(torch.device("cpu"))
-    clone.load_state_dict({key: value.item() for key, value in state.items()})  # a checkpoint of floats loads too
-    assert {key: value.item() for key, value in clone.state_dict().items()} == {k: v.item() for k, v in state.items()}
+    assert var.item() == pytest.approx(pooled, rel=1e-3)
+    assert torch.equal(variance, var)  # what the reward divides by: the new variance
+    # kept as one float64 tensor on the device (no step reads it back), as exact as Python floats; the checkpoint
+    # holds it as it is (test_the_last_step_of_a_trajectory_is_terminal)
+    assert moments.dtype == torch.float64 and moments.device.type == "cpu"
 
 
 def test_knn_reward_on_a_hand_batch():
     source = torch.tensor([[0.0], [1.0], [3.0]])
     target = torch.tensor([[0.0], [1.0], [2.0]])
-    moments = cic.RunningMoments(torch.device("cpu"))
+    moments = torch.tensor([0.0, 1.0, 1e-4], dtype=torch.float64)
     reward = cic.knn_reward(source, target, 2, moments)
     # distances source_i → targets: row 0 (0, 1, 2), row 1 (1, 0, 1), row 2 (3, 2, 1); the 2 smallest per row:
     nearest = torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 2.0]])
-    fresh = cic.RunningMoments(torch.device("cpu"))
-    variance = fresh.update(nearest)  # the moments see exactly these 6 distances
-    assert moments.state_dict() == fresh.state_dict()
+    fresh = torch.tensor([0.0, 1.0, 1e-4], dtype=torch.float64)
+    variance = cic.running_variance(fresh, nearest)  # the moments see exactly these 6 distances
+    assert torch.equal(moments, fresh)
     expected = torch.log(1 + ((nearest / variance - 0.0005).clamp(min=0)).mean(-1))
     assert torch.allclose(reward, expected)
     assert reward[2] > reward[0]  # the farthest particle earns the most
@@ -81,6 +80,9 @@ def test_the_last_step_of_a_trajectory_is_terminal(tmp_path):
                         "--grad-steps-per-epoch", "2", "--batch-size", "16", "--hidden-dim", "16",
                         "--num-eval-skills", "2", "--no-time-limit-terminal", "--no-cuda")
     assert read_evals(run_dir)[-1]["grad_steps"] == 4
+    # the checkpoint holds the kNN distances' running moments: 4 steps of 16 × 16 distances after the prior's 1e-4
+    moments = torch.load(f"{run_dir}/checkpoint.pt", weights_only=False)["moments"]
+    assert moments.dtype == torch.float64 and moments[2].item() == pytest.approx(4 * 16 * 16 + 1e-4)
 
 
 def test_evaluation_period_is_the_official_cic_one():

@@ -41,7 +41,8 @@ def test_successor_feature_target_takes_the_whole_vector_of_the_argmin_net():
     next_psi1 = torch.tensor([[1.0, 0.0], [0.0, 0.0]])  # values ψ̄ᵀz: 1.0 and 0.0
     next_psi2 = torch.tensor([[0.5, 5.0], [2.0, 2.0]])  # values ψ̄ᵀz: 0.5 and 2.0
     dphi = torch.tensor([[0.1, 0.2], [0.3, 0.4]])
-    target = csf.successor_feature_target(dphi, torch.stack([next_psi1, next_psi2]), skill, gamma=0.5)
+    next_psi = torch.stack([next_psi1, next_psi2])
+    target = csf.successor_feature_target(dphi, next_psi, (next_psi * skill).sum(-1), gamma=0.5)
     # sample 1 picks ψ̄2's whole vector (0.5, 5.0) — an elementwise min would give (0.5, 0.0); sample 2 picks ψ̄1
     expected = torch.tensor([[0.1 + 0.25, 0.2 + 2.5], [0.3, 0.4]])
     assert torch.allclose(target, expected)
@@ -80,7 +81,7 @@ def test_actor_log_prob_is_the_tanh_gaussian_density():
     assert torch.allclose(actor.mode(obs, skill), torch.tanh(mean))
 
 
-ON_DEVICE = [None, torch.device("cpu")]  # host numpy storage; --buffer-on-device's torch storage (the CPU here)
+ON_DEVICE = [None, torch.device("cpu")]  # on the host, drawn with numpy; --buffer-on-device (the CPU here), with torch
 
 
 @pytest.mark.parametrize("device", ON_DEVICE, ids=["host", "on-device"])
@@ -93,12 +94,11 @@ def test_replay_buffer_wraps_around_and_round_trips(device, clone_device):
     for first in (0, 10, 20, 30):  # 4 trajectories into room for 3: the oldest one is overwritten
         obs = np.arange(first, first + 3, dtype=np.float32).reshape(1, 3, 1)  # s_0, s_1, s_2 of one trajectory
         rb.add(obs, obs[:, :2] * 100, np.array([[first]], np.float32))
-    assert rb.size == 6 and rb.pos == 1
+    assert rb.size == 6 and rb.added == 4
     assert sorted(rb.skills[:, 0].tolist()) == [10, 20, 30]
     clone = csf.ReplayBuffer(6, 2, space, 1, 1, 1, rng=np.random.default_rng(0), device=clone_device)
     clone.load_state_dict(rb.state_dict())
-    assert (clone.pos, clone.size) == (rb.pos, rb.size)
-    assert isinstance(clone.frames, np.ndarray if clone_device is None else torch.Tensor)
+    assert (clone.added, clone.size) == (rb.added, rb.size)
     batch = clone.sample(64, "cpu")
     assert torch.equal(batch["next_obs"], batch["obs"] + 1)  # s' is the next step of the same trajectory
     assert torch.equal(batch["action"], batch["obs"] * 100)
@@ -106,9 +106,10 @@ def test_replay_buffer_wraps_around_and_round_trips(device, clone_device):
     assert set(batch["obs"][:, 0].tolist()) == {10, 11, 20, 21, 30, 31}  # all 6 transitions are drawn
 
 
-def test_a_buffer_on_the_device_draws_training_batches_with_its_own_generator_and_saves_it():
-    """Training draws come from the buffer's torch generator, reproducibly and restored by load_state_dict; an
-    evaluation's `rng` draws the same transitions from either storage."""
+def test_a_buffer_on_the_device_draws_with_torchs_generator_and_an_evaluation_with_its_rng():
+    """Training draws on the device come from torch's own generator (which a checkpoint saves): the same torch seed,
+    the same batches, another, others; the buffer's state saves its host rng too. An evaluation's `rng` draws the same
+    transitions from either storage."""
     space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
 
     def filled(device, seed=0):
@@ -117,17 +118,19 @@ def test_a_buffer_on_the_device_draws_training_batches_with_its_own_generator_an
         rb.add(obs, obs[:, :4], np.arange(10, dtype=np.float32)[:, None])
         return rb
 
-    rb, twin = filled(torch.device("cpu")), filled(torch.device("cpu"))
-    assert torch.equal(rb.sample(32, "cpu")["obs"], twin.sample(32, "cpu")["obs"])  # same seed, same draws
-    state = rb.state_dict()
-    first, second = rb.sample(32, "cpu")["obs"], rb.sample(32, "cpu")["obs"]
-    assert not torch.equal(first, second)
-    restored = filled(torch.device("cpu"), seed=1)  # another seed: its generator is replaced by the saved one
-    restored.load_state_dict(state)
-    assert torch.equal(restored.sample(32, "cpu")["obs"], first)
+    draws = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        draws.append(filled(torch.device("cpu")).sample(32, "cpu")["obs"])
+    assert torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
     host = filled(None)
-    on_host = host.sample(32, "cpu", rng=np.random.default_rng(7))
-    on_device = rb.sample(32, "cpu", rng=np.random.default_rng(7))
+    first = host.sample(32, "cpu")["obs"]
+    restored = filled(None, seed=1)  # another seed: its rng is replaced by the saved one
+    restored.load_state_dict(host.state_dict())
+    assert torch.equal(restored.sample(32, "cpu")["obs"], host.sample(32, "cpu")["obs"])
+    assert not torch.equal(first, host.sample(32, "cpu")["obs"])
+    on_host = filled(None).sample(32, "cpu", rng=np.random.default_rng(7))
+    on_device = filled(torch.device("cpu")).sample(32, "cpu", rng=np.random.default_rng(7))
     assert all(torch.equal(on_host[key], on_device[key]) for key in on_host)
 
 
@@ -147,14 +150,14 @@ def test_pixel_buffer_rebuilds_the_env_stacks_across_trajectory_boundaries(devic
             observations.append(env.step(rng.uniform(-1, 1, 12))[0])
         trajectories.append(np.stack(observations))
         rb.add(trajectories[-1][None], np.zeros((1, horizon, 12)), np.zeros((1, 4)))
-    assert rb.frames.dtype in (np.uint8, torch.uint8)
+    assert rb.frames.dtype == torch.uint8
     assert rb.frames.shape == (2, horizon + 1, 64, 64, 3)  # one frame per step
     class Draws:  # every transition of both slots, in order: slot 0's steps 0..3, then slot 1's
         def integers(self, low, high, size):
             return np.arange(size)
 
     batch = rb.sample(2 * horizon, "cpu", rng=Draws())
-    assert rb.gather(2 * horizon, rng=Draws())["frames"].shape == (2 * horizon, 4, 64, 64, 3)  # whole frames, s and s'
+    assert batch["obs"].shape == batch["next_obs"].shape == (2 * horizon, 64, 64, 9)  # the env's stacks of 3
     for slot, trajectory in ((1, trajectories[1]), (0, trajectories[2])):
         for t in range(horizon):
             assert np.array_equal(batch["obs"][slot * horizon + t], trajectory[t]), (slot, t)
@@ -181,7 +184,7 @@ def test_each_critic_phi_loss_on_a_hand_batch(critic, positives, negative_scores
     xi = 5.0
     lse = [math.log(sum(math.exp(v) for v in row)) for row in negative_scores]
     expected = -sum(p - xi * l for p, l in zip(positives, lse)) / 2
-    loss, logsumexp = csf.ablation_phi_loss(DPHI, SKILL, NEGATIVES, xi, critic)
+    loss, logsumexp = csf.kernel_phi_loss(DPHI, SKILL, NEGATIVES, xi, critic)
     if critic == "inner":  # the paper's loss, without the ablations' code
         assert torch.equal(csf.contrastive_phi_loss(DPHI, SKILL, NEGATIVES, xi)[0], loss)
     assert loss.item() == pytest.approx(expected, rel=1e-6) and logsumexp.item() == pytest.approx(sum(lse) / 2)
@@ -195,17 +198,23 @@ def test_inner_critic_is_todays_loss_exactly():
     assert torch.equal(csf.contrastive_phi_loss(dphi, skill, negatives, 5.0)[0], expected)  # bit for bit
 
 
+def scalar_head_psi(critic, reward):
+    """A tiny ψ with ψ₀, as --critic `critic` --reward `reward` builds it."""
+    flags = argparse.Namespace(xi=5.0, critic=critic, reward=reward)
+    space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    return csf.ScalarHeadSuccessorFeatures(space, action_dim=1, skill_dim=2, hidden_dim=4, args=flags)
+
+
 @pytest.mark.parametrize("critic", ["inner", "gaussian", "laplacian"])
 def test_mutual_information_reward_is_the_per_sample_contrastive_bound(critic):
     def reward(kind):  # r, from ψ's cumulant: Δφ, then r - Δφᵀz
-        flags = argparse.Namespace(xi=5.0, critic=critic, reward=kind)
-        cumulant = csf.with_reward_remainder(DPHI, SKILL, NEGATIVES, flags)
+        cumulant = scalar_head_psi(critic, kind).with_remainder(DPHI, SKILL, NEGATIVES)
         assert torch.equal(cumulant[:, :-1], DPHI)
         return cumulant[:, -1] + (DPHI * SKILL).sum(-1)
 
     bottleneck, mi = reward("bottleneck"), reward("mutual-information")
     assert torch.allclose(bottleneck, csf.critic_value(DPHI, SKILL, critic))  # the negative term left out
-    loss, _ = csf.ablation_phi_loss(DPHI, SKILL, NEGATIVES, 5.0, critic)
+    loss, _ = csf.kernel_phi_loss(DPHI, SKILL, NEGATIVES, 5.0, critic)
     assert mi.mean().item() == pytest.approx(-loss.item(), rel=1e-6)  # φ's objective, sample by sample
     lse = csf.negative_logsumexp(DPHI, NEGATIVES, critic)
     assert torch.allclose(mi, bottleneck - 5.0 * lse)
@@ -213,10 +222,15 @@ def test_mutual_information_reward_is_the_per_sample_contrastive_bound(critic):
 
 def test_scalar_head_enters_the_value_and_the_argmin():
     skill = torch.tensor([[1.0, 0.0]])
-    assert csf.sf_value(torch.tensor([[1.0, 2.0]]), skill).item() == 1.0  # ψᵀz
-    assert csf.sf_value(torch.tensor([[1.0, 2.0, 3.0]]), skill).item() == 4.0  # ψᵀz + ψ₀
+    space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    paper_psi = csf.SuccessorFeatures(space, action_dim=1, skill_dim=2, hidden_dim=4)
+    assert paper_psi(torch.zeros(1, 3), skill, torch.zeros(1, 1)).shape == (1, 2)  # ψ ∈ R^d
+    assert paper_psi.value(torch.tensor([[1.0, 2.0]]), skill).item() == 1.0  # ψᵀz
+    psi = scalar_head_psi("gaussian", "bottleneck")
+    assert psi(torch.zeros(1, 3), skill, torch.zeros(1, 1)).shape == (1, 3)  # ψ and ψ₀
+    assert psi.value(torch.tensor([[1.0, 2.0, 3.0]]), skill).item() == 4.0  # ψᵀz + ψ₀
     # ψ̄1 has the larger ψ̄ᵀz (2 > 1) but the smaller value once its scalar head (-5) counts: it is the argmin
-    next_psi1, next_psi2 = torch.tensor([[2.0, 0.0, -5.0]]), torch.tensor([[1.0, 0.0, 0.0]])
+    next_psi = torch.stack([torch.tensor([[2.0, 0.0, -5.0]]), torch.tensor([[1.0, 0.0, 0.0]])])
     cumulant = torch.tensor([[0.5, 0.0, -1.0]])
-    target = csf.successor_feature_target(cumulant, torch.stack([next_psi1, next_psi2]), skill, gamma=0.5)
+    target = csf.successor_feature_target(cumulant, next_psi, psi.value(next_psi, skill), gamma=0.5)
     assert target.tolist() == [[0.5 + 1.0, 0.0, -1.0 - 2.5]]

@@ -50,5 +50,5 @@ def test_every_ablation_crosses_an_update_and_an_evaluation(flags, tmp_path):
     assert last["grad_steps"] == 4 and all(math.isfinite(v) for v in last.values())
     ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
     scalar_head = flags != ["--critic", "mlp"]  # a reward not linear in z adds ψ's scalar head
-    assert ckpt["psi1"]["net.4.weight"].shape[0] == 2 + scalar_head
+    assert ckpt["psi"]["0.net.4.weight"].shape[0] == ckpt["psi"]["1.net.4.weight"].shape[0] == 2 + scalar_head
     assert ckpt["phi"]["net.0.weight"].shape[1] == (58 if flags == ["--critic", "mlp"] else 29)  # (s, s') or s

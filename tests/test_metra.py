@@ -5,6 +5,7 @@ test_agent_runs.py and test_command_line.py)."""
 import math
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -30,7 +31,8 @@ Z = [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]  # Δφᵀz = 0.6, 1.0, 0.1
 def test_phi_loss_and_constraint_on_a_hand_batch():
     dphi = torch.tensor(DPHI, requires_grad=True)
     log_lam = torch.tensor(math.log(30.0), requires_grad=True)
-    loss, c = metra.metra_phi_loss(dphi, torch.tensor(Z), log_lam, 1e-3)
+    c = metra.constraint(dphi, 1e-3)
+    loss = metra.metra_phi_loss(dphi, torch.tensor(Z), log_lam, c)
     # c = min(1 - ‖Δφ‖², ε): 0 on the boundary, -1 when violated, capped at ε = 1e-3 when slack
     assert c.tolist() == pytest.approx([0.0, -1.0, 1e-3], abs=1e-6)
     # -mean(Δφᵀz + 30 c) = -(0.6 + (1.0 - 30) + (0.1 + 0.03)) / 3
@@ -51,11 +53,13 @@ def test_phi_loss_and_constraint_on_a_hand_batch():
 ])
 def test_constraint_on_a_batch_of_set_squared_norms(norm, sq_per_dim, expected):
     dphi = torch.tensor([sq_per_dim], dtype=torch.float64).sqrt() * torch.tensor([[1.0, -1.0]], dtype=torch.float64)
-    assert metra.constraint(dphi, 1e-3, norm).item() == pytest.approx(expected, abs=1e-12)
+    constraint = metra.mean_constraint if norm == "mean" else metra.constraint  # --constraint-norm
+    assert constraint(dphi, 1e-3).item() == pytest.approx(expected, abs=1e-12)
 
 
 def test_constraint_norm_mean_divides_by_d():
-    loss, c = metra.metra_phi_loss(torch.tensor(DPHI), torch.tensor(Z), torch.tensor(math.log(30.0)), 1e-3, "mean")
+    c = metra.mean_constraint(torch.tensor(DPHI), 1e-3)  # --constraint-norm mean
+    loss = metra.metra_phi_loss(torch.tensor(DPHI), torch.tensor(Z), torch.tensor(math.log(30.0)), c)
     # ‖Δφ‖²/d = 0.5, 1.0, 0.005 → c = ε, 0, ε
     assert c.tolist() == pytest.approx([1e-3, 0.0, 1e-3], abs=1e-6)
     assert loss.item() == pytest.approx(-(0.6 + 0.03 + 1.0 + 0.1 + 0.03) / 3, rel=1e-5)
@@ -74,10 +78,12 @@ def test_one_dual_step_raises_lambda_when_violated_and_lowers_it_when_satisfied(
     assert log_lam.exp().item() == pytest.approx(30.0 * math.exp(direction * 1e-4), rel=1e-6)
 
 
-def test_contrastive_phi_loss_on_a_hand_batch():
+def test_contrastive_phi_loss_on_a_hand_batch(monkeypatch):
     dphi, z = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0]])
     negatives = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]])
-    loss, lse = metra.contrastive_phi_loss(dphi, z, negatives, xi=5.0)
+    monkeypatch.setattr(metra, "sample_skills", lambda *_, **__: negatives)  # the prior draws z'_j, by hand
+    args = types.SimpleNamespace(num_negatives=3, skill_dim=2, xi=5.0)
+    loss, lse = metra.metra_c_phi_loss(dphi, z, args)
     expected_lse = math.log(math.e + math.exp(-1) + 1)
     assert lse.item() == pytest.approx(expected_lse, rel=1e-6)
     assert loss.item() == pytest.approx(-(1.0 - 5.0 * expected_lse), rel=1e-6)
@@ -107,15 +113,21 @@ def test_evaluation_splits_the_rollouts_over_the_k_skills(n, k, counts):
 
 def test_sac_target_and_losses_on_a_hand_case():
     reward, alpha, gamma = torch.tensor([1.0, 0.5]), 0.1, 0.99
-    next_q, next_log_prob = torch.tensor([[2.0, 3.0], [4.0, 1.0]]), torch.tensor([-1.0, 2.0])  # (critics, batch)
+    log_prob = torch.tensor([-1.0, 2.0])
+    actor = types.SimpleNamespace(sample=lambda obs, skill: (None, log_prob))  # log π(a'|s', z) of its actions
+    critic = lambda *values: (lambda obs, skill, action: torch.tensor(values))  # Q(s, a, z) on the batch, by hand
+    next_q = [critic(2.0, 3.0), critic(4.0, 1.0)]  # Q̄_1 and Q̄_2
     # y = r + γ (min(Q̄1, Q̄2) - α log π): 1 + 0.99 (2 + 0.1), 0.5 + 0.99 (1 - 0.2); never terminal
-    y = metra.critic_target(reward, next_q, next_log_prob, alpha, gamma)
-    assert y.tolist() == pytest.approx([1 + 0.99 * 2.1, 0.5 + 0.99 * 0.8], rel=1e-6)
-    # 0.5 MSE per Q, summed: 0.5 mean(0, 1) + 0.5 mean(1, 1)
-    loss = metra.critic_loss(torch.tensor([[1.0, 2.0], [0.0, 0.0]]), torch.tensor([1.0, 1.0]))
-    assert loss.item() == pytest.approx(0.75)
+    y = [1 + 0.99 * 2.1, 0.5 + 0.99 * 0.8]
+    at_target = metra.qf_objective([critic(*y)], next_q, actor, reward, None, None, None, None, alpha, gamma)
+    assert at_target.item() == pytest.approx(0.0, abs=1e-10)  # a Q equal to y has no loss
+    # 0.5 MSE per Q against y, summed: 0.5 mean(0, 1) + 0.5 mean(1, 1)
+    qf = [critic(y[0], y[1] + 1), critic(y[0] + 1, y[1] + 1)]
+    loss = metra.qf_objective(qf, next_q, actor, reward, None, None, None, None, alpha, gamma)
+    assert loss.item() == pytest.approx(0.75, rel=1e-5)
     # mean(α log π - min Q) = mean(-0.1 - 2, 0.2 - 1)
-    assert metra.actor_loss(next_log_prob, next_q, alpha).item() == pytest.approx(-1.45, rel=1e-6)
+    loss, _ = metra.actor_objective(actor, next_q, None, None, alpha)
+    assert loss.item() == pytest.approx(-1.45, rel=1e-6)
     log_alpha = torch.tensor(math.log(0.01))
     assert metra.temperature_loss(log_alpha, torch.tensor([-1.0, 2.0]), -4.0).item() == pytest.approx(
         -math.log(0.01) * ((-1 - 4) + (2 - 4)) / 2, rel=1e-6)

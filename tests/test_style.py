@@ -1,24 +1,41 @@
-"""How the scripts read: each agent and hierarchical.py within a few hundred lines, the paper's path first (`main`
-ends before line 500) and apart from the ablations, then the infrastructure; a `main` a student reads in one sitting,
-named stats, lines within 120 characters, references a reader can follow, and the flags a run resolved from its env.
+"""How the scripts read, beside CleanRL's sac_continuous_action.py: the first reading (line 1 to the end of `main`) is
+the paper, in plain lines; the ablations and the infrastructure follow it; `main` is a loop a student reads in one
+sitting and jumps forward from only to name what happens (start the run, evaluate, checkpoint, log); the whole file
+is plain too, and holds no more content than its budget. Also: named stats, lines within 120 characters, references
+a reader can follow, and the flags a run resolved from its env.
+
+A code line is a line with code on it (docstrings and comments are prose: not counted); its characters are counted
+up to a trailing comment. A file's content is its Python tokens, as `tokenize` gives them, without comments, line
+breaks and indentation, a docstring counting as one token.
 
     python -m pytest -q tests/test_style.py     # a few seconds
 """
 
 import ast
+import io
 import os
 import re
 import subprocess
 import sys
+import tokenize
 
 import pytest
+import torch
 from conftest import AGENTS, name
 
 import envs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEARNERS = [f"{name(agent)}.py" for agent in AGENTS] + ["hierarchical.py"]
-MAX_LINES, MAX_CHARACTERS, MAIN_ENDS_BEFORE = 750, 45_000, 500  # CleanRL's longest script: 682 lines
+# the first reading (line 1 to the end of main), main, and the whole file (CleanRL's SAC: 8.8 tokens, 43.5 characters
+# a code line)
+FIRST_READING = {"lines": 480, "tokens per code line": 9.5, "characters per code line": 46, "code lines over 100": 8,
+                 "walrus": 0, "generators unpacked into names": 0, "conditional expressions": 3}
+MAIN = {"lines": 130, "calls to definitions after main": 6}
+WHOLE = {"lines": 900, "tokens per code line": 10.5, "characters per code line": 50, "code lines over 100": 20}
+# each learner's tokens, 10% above what it holds now: room for a student's flag, not for packed lines
+TOKENS = {"csf.py": 8237, "metra.py": 8560, "diayn.py": 7552, "visr.py": 7482, "cic.py": 7927, "dads.py": 7128,
+          "hierarchical.py": 8264}
 SCRIPTS = [f"{name(agent)}.py" for agent in AGENTS] + ["goal_reaching.py", "hierarchical.py", "envs.py"]
 # documents the project draws on that a user's clone does not have: code and docs never send a reader there
 OUTSIDE_DOCUMENTS = re.compile(r"spec §|spec\.md|\.\./shared|calibration\.md|worlds\.md")
@@ -62,12 +79,90 @@ def test_no_reference_to_a_document_outside_the_repository():
     assert not found, found
 
 
+SKIPPED_TOKENS = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                  tokenize.ENDMARKER)
+
+
+def figures(source):
+    """How a script reads: its first reading (line 1 to the end of `main`), `main`, the whole file."""
+    lines = source.splitlines()
+    module = ast.parse(source)
+    main = next(node for node in module.body if isinstance(node, ast.FunctionDef) and node.name == "main")
+    prose = set()  # the lines of every docstring, a string standing alone as a statement
+    for node in ast.walk(module):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            prose.update(range(node.lineno, node.end_lineno + 1))
+    tokens, ends = {}, {}  # per code line: its tokens, and the column where its code ends
+    all_tokens = 0
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in SKIPPED_TOKENS:
+            continue
+        all_tokens += 1
+        if token.start[0] in prose:
+            continue
+        tokens[token.start[0]] = tokens.get(token.start[0], 0) + 1
+        for number in range(token.start[0], token.end[0] + 1):
+            ends[number] = token.end[1] if number == token.end[0] else len(lines[number - 1])
+
+    def density(numbers):
+        return {"tokens per code line": sum(tokens.get(n, 0) for n in numbers) / len(numbers),
+                "characters per code line": sum(ends[n] for n in numbers) / len(numbers),
+                "code lines over 100": sum(ends[n] > 100 for n in numbers)}
+
+    first = [node for node in ast.walk(module) if getattr(node, "lineno", main.end_lineno + 1) <= main.end_lineno]
+    later = {node.name for node in module.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+             and node.lineno > main.end_lineno}
+    called = {node.func.id for node in ast.walk(main) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Name) and node.func.id in later}
+    return {
+        "first reading": {"lines": main.end_lineno, **density([n for n in ends if n <= main.end_lineno]),
+                          "walrus": sum(isinstance(node, ast.NamedExpr) for node in first),
+                          "generators unpacked into names": sum(
+                              isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
+                              and isinstance(node.value, ast.GeneratorExp) for node in first),
+                          "conditional expressions": sum(isinstance(node, ast.IfExp) for node in first)},
+        "main": {"lines": main.end_lineno - main.lineno + 1, "calls to definitions after main": len(called)},
+        "whole": {"lines": len(lines), **density(list(ends))},
+        "tokens": all_tokens,
+    }
+
+
+def over(measured, limits):
+    return {figure: round(measured[figure], 2) for figure, limit in limits.items() if measured[figure] > limit}
+
+
 @pytest.mark.parametrize("script", LEARNERS)
-def test_a_script_is_a_few_hundred_lines_and_its_main_ends_early(script):
+def test_the_first_reading_main_and_the_whole_file_read_plainly(script):
     with open(os.path.join(ROOT, script), encoding="utf-8") as f:
-        text = f.read()
-    assert text.count("\n") <= MAX_LINES and len(text) <= MAX_CHARACTERS, (text.count("\n"), len(text))
-    assert function(script, "main").end_lineno < MAIN_ENDS_BEFORE
+        measured = figures(f.read())
+    assert over(measured["first reading"], FIRST_READING) == {}, measured["first reading"]
+    assert over(measured["main"], MAIN) == {}, measured["main"]
+    assert over(measured["whole"], WHOLE) == {}, measured["whole"]
+    assert measured["tokens"] <= TOKENS[script], (measured["tokens"], TOKENS[script])
+
+
+def test_the_figures_count_what_they_say():
+    """A hand-counted script: prose is not code, a trailing comment not counted in a line's width, a docstring one
+    token; the conditional expression, the walrus, the generator unpacked into names and the call forward are found."""
+    source = ('"""A module docstring."""\n'
+              "import os  # a comment\n"
+              "\n"
+              "def main():\n"
+              '    """Its docstring."""\n'
+              "    a, b = (x for x in (1, 2))\n"
+              "    c = 1 if (d := 2) else 3\n"
+              "    later()\n"
+              "\n"
+              "\n"
+              "def later():\n"
+              "    return 1\n")
+    measured = figures(source)
+    assert measured["first reading"] == {"lines": 8, "tokens per code line": (2 + 5 + 15 + 11 + 3) / 5,
+                                         "characters per code line": (9 + 11 + 30 + 28 + 11) / 5,
+                                         "code lines over 100": 0, "walrus": 1, "generators unpacked into names": 1,
+                                         "conditional expressions": 1}
+    assert measured["main"] == {"lines": 5, "calls to definitions after main": 1}
+    assert measured["whole"]["lines"] == 12 and measured["tokens"] == 1 + 2 + 5 + 1 + 15 + 11 + 3 + 5 + 2
 
 
 def sections(script):
@@ -111,13 +206,12 @@ def test_an_ablation_called_off_a_branch_is_found(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("script", LEARNERS)
 def test_main_is_the_training_loop_between_the_algorithm_and_the_infrastructure(script):
-    """Networks and the replay buffer come before `main`, the command line after it; `main` fits in 150 lines and
-    holds no closure but its gradient step(s)."""
+    """The losses and networks come before `main`; the replay buffer and the command line after it (the buffer is
+    infrastructure, as SB3's is to CleanRL's SAC); `main` holds no closure but its gradient step(s)."""
     lines = top_level(script)
     main = function(script, "main")
-    assert main.end_lineno - main.lineno + 1 <= 150, f"{script}: main runs {main.end_lineno - main.lineno + 1} lines"
-    assert max(line for definition, line in lines.items() if definition.endswith("Buffer")) < lines["main"]
-    assert lines["main"] < lines["parse_args"]
+    assert lines["Actor" if script != "hierarchical.py" else "QNetwork"] < lines["main"] < lines["parse_args"]
+    assert min(line for definition, line in lines.items() if definition.endswith("Buffer")) > lines["main"]
     steps = {"hierarchical.py": {"sac_update", "ppo_update"}}.get(script, {"update"})
     assert {inner.name for inner in nested_functions(main)} == steps
 
@@ -129,6 +223,8 @@ def test_update_returns_its_stats_by_name(script):
     assert returns and all(isinstance(value, (ast.Dict, ast.DictComp)) for value in returns)
     names = [key.value for node in ast.walk(update) if isinstance(node, ast.Dict) for key in node.keys
              if isinstance(key, ast.Constant)]
+    names += [keyword.arg for node in ast.walk(update) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Name) and node.func.id == "dict" for keyword in node.keywords]
     assert any(name.endswith("_loss") for name in names), names
 
 
@@ -136,8 +232,9 @@ def test_update_returns_its_stats_by_name(script):
 def test_start_up_prints_the_flags_resolved_from_the_env(agent, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args, ckpt = agent.parse_args(["--env-id", "HalfCheetah", "--no-cuda"])
-    *_, writer = agent.start_run(args, ckpt)
-    writer.close()
+    run, progress = agent.start_run(args, ckpt, {}, None, None, torch.device("cpu"))
+    run.writer.close()
+    assert progress["epoch"] == 0 and os.path.isdir(run.dir)
     printed = capsys.readouterr().out
     spec = envs.ENV_SPECS["HalfCheetah"]
     assert f"HalfCheetah (horizon {spec.horizon})" in printed, printed
