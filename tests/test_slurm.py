@@ -212,8 +212,8 @@ def test_a_run_longer_than_its_time_limit_reaches_its_budget_over_several_starts
     log = (sweep_dir / "csf_Ant_seed1" / "stdout.log").read_text().splitlines()
     launches = [line for line in log if line.startswith("Ant (horizon 200): ")]
     resumed_at = [int(line.split(" at epoch ")[1].split()[0]) for line in log if line.startswith("resumed ")]
-    assert not launches[0].endswith("(the run's own)"), launches
-    assert all(line.endswith("(the run's own)") for line in launches[1:]), launches
+    assert not launches[0].endswith("(the run's own, but for those given anew)"), launches
+    assert all(line.endswith("(the run's own, but for those given anew)") for line in launches[1:]), launches
     assert 1 <= len(resumed_at) <= len(launches) - 1 <= len(starts) - 1, (resumed_at, launches, starts)
     assert resumed_at == sorted(resumed_at) and resumed_at[-1] < num_epochs, resumed_at
 
