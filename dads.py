@@ -579,6 +579,7 @@ def start_run(args, ckpt, learned, train_envs, eval_envs, device):
     flags = ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}" for flag in resolved)
     source = "the run's own, but for those given anew" if ckpt else "a flag left unset takes the world's value"
     print(f"{args.env_id} (horizon {envs.ENV_SPECS[args.env_id].horizon}): {flags} ({source})", flush=True)
+    train_envs.run_dir = eval_envs.run_dir = folder  # a dead env worker's line names the checkpoint
     run = types.SimpleNamespace(name=name, dir=folder, writer=writer, train_envs=train_envs, eval_envs=eval_envs)
     run.eval_rng = np.random.default_rng(args.seed + 1)  # unused by DADS: every agent's checkpoint holds it
     run.eval_generator = torch.Generator().manual_seed(args.seed + 1)  # the evaluation's skills
@@ -840,8 +841,8 @@ if __name__ == "__main__":
     args, ckpt = parse_args()
     try:
         main(args, ckpt)
-    except (envs.RenderUnavailable, MemoryError) as e:  # a world that cannot render here, or envs beyond memory
-        error(e)
+    except (envs.RenderUnavailable, envs.WorkerDied, MemoryError) as e:  # no render, a dead env worker, no memory
+        error(e, getattr(e, "run_dir", None))
     except OSError as e:  # the run's folder or TensorBoard's file
         where = os.fsdecode(e.filename) if e.filename else "the TensorBoard log"
         error(f"cannot write {where} ({e.strerror or e})")

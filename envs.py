@@ -59,9 +59,12 @@ import dataclasses
 import functools
 import glob
 import importlib.util
+import math
 import multiprocessing
 import os
+import pickle
 import signal
+import sys
 import threading
 import traceback
 import weakref
@@ -106,8 +109,6 @@ os.environ["MUJOCO_GL"] = GL_BACKEND
 
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
 
 MODEL_DIR = os.path.join(os.path.dirname(gym.__file__), "envs", "mujoco", "assets")
 
@@ -1228,31 +1229,62 @@ def render_envs(vector_env, indices):
     return [vector_env.envs[i].render() for i in indices]
 
 
-def _worker(pipe, env_fns):
+class WorkerDied(RuntimeError):
+    """A ParallelVectorEnv's worker process is gone (the OOM killer, a crash in a renderer, kill -9). Its message is
+    one line naming the worker; `run_dir` is the vector env's (set by the agent: its checkpoint resumes the run)."""
+
+
+def _shared_array(raw, shape, dtype):
+    """A numpy view of a shared-memory RawArray."""
+    return np.frombuffer(raw, dtype).reshape(shape)
+
+
+def _worker(pipe, env_fns, shared):
     """A ParallelVectorEnv's worker process, its envs one SyncVectorEnv: answers each command (name, args) with
-    (True, result) or (False, the exception raised), until "close" or until the parent is gone."""
+    (True, result) or (False, the exception raised), until "close" or until the parent is gone. `shared`: the
+    vector env's observations and actions in shared memory and this worker's slice of them (None: through the pipe).
+    A reset or step writes its observations there and answers None in their place; a step given no actions reads
+    them there."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes the workers
+    observations = actions = None
+    if shared is not None:
+        lo, hi = shared["slice"]
+        observations = _shared_array(*shared["observations"])[lo:hi]
+        actions = _shared_array(*shared["actions"])[lo:hi]
     vector = None
-    commands = {"spaces": lambda: (vector.single_observation_space, vector.single_action_space),
-                "reset": lambda seed, options: vector.reset(seed=seed, options=options),
-                "step": lambda actions: vector.step(actions), "rng_states": lambda: env_rng_states(vector),
-                "set_rng_states": lambda states: set_env_rng_states(vector, states),
-                "render": lambda indices: render_envs(vector, indices)}
     try:
-        while (message := pipe.recv())[0] != "close":
+        while True:
+            name, args = pipe.recv()
+            if name == "close":
+                break
             try:
                 if vector is None:  # the first command builds the envs
                     vector = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-                pipe.send((True, commands[message[0]](*message[1])))
+                if name == "step" and args[0] is None:
+                    args = (actions.copy(),)  # an env may keep its action: not the shared one, which changes
+                result = _COMMANDS[name](vector, *args)
+                if name in ("reset", "step") and observations is not None:
+                    observations[...] = result[0]
+                    result = (None, *result[1:])
+                pipe.send((True, result))
             except Exception as err:  # raised again in the parent, with this traceback as a note
-                err.add_note(f"in ParallelVectorEnv worker {os.getpid()}:\n" + "".join(traceback.format_tb(
-                    err.__traceback__)).rstrip())
+                trace = "".join(traceback.format_tb(err.__traceback__)).rstrip()
+                err.add_note(f"in ParallelVectorEnv worker {os.getpid()}:\n{trace}")
                 pipe.send((False, err))
     except (EOFError, OSError):  # the parent is gone (its end of the pipe closed)
         pass
     finally:
         if vector is not None:
             vector.close()
+
+
+_COMMANDS = {  # what a worker, or the parent for its own slice, does with its SyncVectorEnv
+    "reset": lambda vector, seed, options: vector.reset(seed=seed, options=options),
+    "step": lambda vector, actions: vector.step(actions),
+    "rng_states": lambda vector: env_rng_states(vector),
+    "set_rng_states": lambda vector, states: set_env_rng_states(vector, states),
+    "render": lambda vector, indices: render_envs(vector, indices),
+}
 
 
 def _stop_workers(processes, pipes):
@@ -1266,6 +1298,21 @@ def _stop_workers(processes, pipes):
         if process.is_alive():
             process.terminate()
             process.join()
+
+
+@contextlib.contextmanager
+def _main_script_hidden(env_fns):
+    """While workers are spawned, the parent's main script is out of their sight: spawn would import it in each
+    worker (an agent script imports torch: seconds and 250 MB a worker). Only when `env_fns` need nothing from it."""
+    main = sys.modules["__main__"]
+    saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if key in main.__dict__}
+    if b"__main__" not in pickle.dumps(env_fns):
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
 
 
 def _concatenate(parts, sizes):
@@ -1283,83 +1330,132 @@ def _concatenate(parts, sizes):
     return merged
 
 
+def usable_cores():
+    """The cores this process may run on (its CPU affinity: a sweep gives each run its share)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
+
+
 class ParallelVectorEnv(gym.vector.VectorEnv):
     """What gym.vector.SyncVectorEnv(env_fns, autoreset_mode=DISABLED) gives, bit for bit, with the envs stepping in
-    worker processes: contiguous slices of them over `num_workers` processes (None: one per usable core; never more
-    than the envs), each slice one SyncVectorEnv, whose envs of one world share one render context. The workers are
-    spawned, not forked (a render context or CUDA made in the parent would hang a forked worker): `env_fns` must
-    pickle (e.g. functools.partial(make_env, "Ant")), and each worker imports envs.py and, as spawn does, the
-    parent's main script (not what its `if __name__ == "__main__"` runs). An exception in a worker is raised here
-    again, of its type and message; a worker that died raises RuntimeError."""
+    `num_workers` worker processes and in this one: contiguous slices of them, the first stepped here while the
+    workers step theirs (None: one worker per usable core but this process's; never more than the envs after the
+    first; 0: all here). Each slice is one SyncVectorEnv, whose envs of one world share one render context.
+
+    Observations and actions go through shared memory, where their spaces are arrays; a step sends each worker a
+    short message and waits for its short answer (rewards, flags, infos). The workers are spawned, not forked (a
+    render context or CUDA made here would hang a forked worker), and import only envs.py and what it needs (not
+    torch, nor the main script): `env_fns` must pickle (e.g. functools.partial(make_env, "Ant")). An exception in
+    a worker is raised here again, of its type and message; a worker that died raises WorkerDied."""
 
     def __init__(self, env_fns, num_workers=None):
         self.num_envs = len(env_fns)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        self.num_workers = num_workers = min(cores if num_workers is None else num_workers, self.num_envs)
-        if num_workers < 1:
-            raise ValueError(f"a ParallelVectorEnv needs envs and workers, got {self.num_envs} envs")
-        bounds = [self.num_envs * k // num_workers for k in range(num_workers + 1)]
-        self._slices = list(zip(bounds, bounds[1:]))  # worker k steps envs lo:hi
+        if self.num_envs < 1:
+            raise ValueError("a ParallelVectorEnv needs envs, got none")
+        if num_workers is None:
+            num_workers = usable_cores() - 1
+        self.num_workers = num_workers = max(0, min(num_workers, self.num_envs - 1))
+        bounds = [self.num_envs * k // (num_workers + 1) for k in range(num_workers + 2)]
+        self._slices = list(zip(bounds, bounds[1:]))  # this process steps envs 0:hi of the first, worker k the k+1-th
         self._processes, self._pipes = [], []
+        self.run_dir = None  # an agent's run folder: a worker's death then names its checkpoint
         # stops the workers once: at close(), when garbage-collected, or at interpreter exit
         self._stop = weakref.finalize(self, _stop_workers, self._processes, self._pipes)
-        context = multiprocessing.get_context("spawn")
-        # the workers inherit Ctrl-C ignored while they start (imports: seconds); only the main thread may set it
-        main_thread = threading.current_thread() is threading.main_thread()
-        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
-        try:
-            for lo, hi in self._slices:
-                pipe, worker_pipe = context.Pipe()
-                self._pipes.append(pipe)
-                process = context.Process(target=_worker, args=(worker_pipe, env_fns[lo:hi]), daemon=True,
-                                          name=f"ParallelVectorEnv worker (envs {lo}-{hi - 1})")
-                process.start()  # raises here if env_fns do not pickle
-                self._processes.append(process)
-                worker_pipe.close()  # the worker holds that end alone: its death reads as EOF here
-        finally:
-            if handler is not None:
-                signal.signal(signal.SIGINT, handler)
-        try:
-            spaces = self._call("spaces", dict.fromkeys(range(num_workers), ()))
-            self.single_observation_space, self.single_action_space = spaces[0]
-        except BaseException:
-            self.close()
-            raise
+        self._local = gym.vector.SyncVectorEnv(env_fns[:bounds[1]], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+        self.single_observation_space = self._local.single_observation_space
+        self.single_action_space = self._local.single_action_space
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.DISABLED}
+        context = multiprocessing.get_context("spawn")
+        shared = None
+        self._observations = self._actions = None
+        if num_workers > 0 and all(isinstance(space, gym.spaces.Box) for space in (self.observation_space,
+                                                                                    self.action_space)):
+            shared = {}
+            for name, space in [("observations", self.observation_space), ("actions", self.action_space)]:
+                raw = context.RawArray("b", max(1, math.prod(space.shape) * space.dtype.itemsize))
+                shared[name] = (raw, space.shape, space.dtype)
+            self._observations = _shared_array(*shared["observations"])
+            self._actions = _shared_array(*shared["actions"])
+        # the workers inherit Ctrl-C ignored while they start; only the main thread may set it
+        main_thread = threading.current_thread() is threading.main_thread()
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+        try:
+            with _main_script_hidden(env_fns):
+                for lo, hi in self._slices[1:]:
+                    pipe, worker_pipe = context.Pipe()
+                    self._pipes.append(pipe)
+                    worker_shared = None if shared is None else {**shared, "slice": (lo, hi)}
+                    process = context.Process(target=_worker, args=(worker_pipe, env_fns[lo:hi], worker_shared),
+                                              daemon=True, name=f"ParallelVectorEnv worker (envs {lo}-{hi - 1})")
+                    process.start()  # raises here if env_fns do not pickle
+                    self._processes.append(process)
+                    worker_pipe.close()  # the worker holds that end alone: its death reads as EOF here
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if handler is not None:
+                signal.signal(signal.SIGINT, handler)
 
     def _call(self, name, args):
-        """Send command `name` to the workers in `args` (worker: its arguments) and return their answers, once all
-        are in; raises the first exception among them."""
+        """Run command `name` with args[k] for each slice k in `args` (0: this process's), the workers' first,
+        and return the results once all are in; raises the first exception among them."""
         if self.closed:
             raise RuntimeError("this ParallelVectorEnv is closed")
         try:
-            for k, worker_args in args.items():
-                with contextlib.suppress(OSError):  # a dead worker: _receive says so
-                    self._pipes[k].send((name, worker_args))
-            answers = [self._receive(k) for k in args]
+            for k, slice_args in args.items():
+                if k > 0:
+                    with contextlib.suppress(OSError):  # a dead worker: _receive says so
+                        self._pipes[k - 1].send((name, slice_args))
+            answers = {}
+            if 0 in args:
+                try:
+                    answers[0] = (True, _COMMANDS[name](self._local, *args[0]))
+                except Exception as err:  # raised once the workers' answers are in, as theirs
+                    answers[0] = (False, err)
+            for k in args:
+                if k > 0:
+                    answers[k] = self._receive(k - 1)
         except BaseException:  # Ctrl-C: answers still on their way would be read as those of the next command
             self.close()
             raise
-        for ok, answer in answers:
+        for ok, answer in answers.values():
             if not ok:
                 raise answer
-        return [answer for _, answer in answers]
+        return [answers[k][1] for k in args]
 
     def _receive(self, k):
-        """Worker k's answer: (True, result) or (False, exception); (False, RuntimeError) if it died."""
+        """Worker k's answer: (True, result) or (False, exception); (False, WorkerDied) if it died."""
         try:
             return self._pipes[k].recv()
         except (EOFError, OSError):
-            process, (lo, hi) = self._processes[k], self._slices[k]
+            process, (lo, hi) = self._processes[k], self._slices[k + 1]
             process.join(timeout=1)
-            return False, RuntimeError(f"the ParallelVectorEnv worker of envs {lo}-{hi - 1} (pid {process.pid}) died, "
-                                       f"exit code {process.exitcode}")
+            how = f"exit code {process.exitcode}"
+            if process.exitcode is not None and process.exitcode < 0:
+                how = f"killed by {signal.Signals(-process.exitcode).name}"
+            died = WorkerDied(f"the env worker process of envs {lo}-{hi - 1} (pid {process.pid}) died ({how}: "
+                              f"out of memory, a crash or a kill)")
+            died.run_dir = self.run_dir
+            return False, died
 
     def _split(self, name, batch, *args):
-        """Send each worker command `name` with its slice of `batch` (and `args`); return their answers."""
+        """Run command `name` on every slice with its slice of `batch` (and `args`); return the results."""
         return self._call(name, {k: (batch[lo:hi], *args) for k, (lo, hi) in enumerate(self._slices)})
+
+    def _gather(self, results):
+        """The batched results of a reset or step from each slice's, observations from shared memory (a copy)."""
+        parts = list(zip(*results))
+        sizes = [hi - lo for lo, hi in self._slices]
+        if self._observations is None:
+            observations = _concatenate(parts[0], sizes)
+        else:
+            self._observations[:sizes[0]] = parts[0][0]  # this process's slice
+            observations = self._observations.copy()
+        return observations, *[_concatenate(part, sizes) for part in parts[1:]]
 
     def reset(self, *, seed=None, options=None):
         """Reset every env; an int seed s seeds env i with s + i, a list one seed per env (as SyncVectorEnv)."""
@@ -1367,18 +1463,24 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
             seed = [None if seed is None else seed + i for i in range(self.num_envs)]
         if len(seed) != self.num_envs:
             raise ValueError(f"{len(seed)} seeds for {self.num_envs} envs")
-        obs, infos = zip(*self._split("reset", seed, options))
-        sizes = [hi - lo for lo, hi in self._slices]
-        return _concatenate(obs, sizes), _concatenate(infos, sizes)
+        return self._gather(self._split("reset", seed, options))
 
     def step(self, actions):
         """Step env i with actions[i]; returns the batched (obs, rewards, terminated, truncated, infos)."""
-        results = zip(*self._split("step", np.asarray(actions)))
-        return tuple(_concatenate(parts, [hi - lo for lo, hi in self._slices]) for parts in results)
+        actions = np.asarray(actions)
+        hi = self._slices[0][1]
+        args = {0: (actions[:hi],)}
+        shared = self._actions is not None and actions.shape == self._actions.shape
+        if shared and actions.dtype == self._actions.dtype:  # else through the pipes, as given
+            self._actions[...] = actions
+            args.update(dict.fromkeys(range(1, len(self._slices)), (None,)))
+        else:
+            args.update({k: (actions[lo:hi],) for k, (lo, hi) in enumerate(self._slices) if k > 0})
+        return self._gather(self._call("step", args))
 
     def rng_states(self):
         """Each env's `env.unwrapped.np_random.bit_generator.state`, env by env."""
-        return sum(self._call("rng_states", dict.fromkeys(range(self.num_workers), ())), [])
+        return sum(self._call("rng_states", dict.fromkeys(range(len(self._slices)), ())), [])
 
     def set_rng_states(self, states):
         """Give each env its generator state, as `rng_states` read it (set_env_rng_states checks their number)."""
@@ -1395,8 +1497,9 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
         return [frames[i] for i in indices]
 
     def close_extras(self, **kwargs):
-        """Close the workers' envs and stop the workers."""
+        """Stop the workers (they close their envs) and close this process's envs."""
         self._stop()
+        self._local.close()
 
 
 ENV_BYTES = 2**18  # the least one env takes (measured: Kitchen 0.2 MiB, Ant 1 MiB, Quadruped 13 MiB)
@@ -1448,45 +1551,64 @@ def make_envs(make, num_envs, num_eval_envs, seed, num_video_envs=0, parallel=Tr
     return made[0], made[1]
 
 
-class PixelEncoder(nn.Module):
-    """The CNN in front of every network on pixels (the official with_encoder.py): (N, 64, 64, 3k) HWC images, uint8 or
-    float in [0, 255] -> (N, 1536). Divide by 255 (no mean shift), then 4 unpadded convolutions (kernel 4,
-    stride 2; 64 -> 31 -> 14 -> 6 -> 2 pixels) with ELU; PyTorch's default init, no normalization."""
+def _define_encoders():
+    """Define PixelEncoder and PixelGoalEncoder, with torch, at their first use (`__getattr__`, `make_encoder`): a
+    worker process that only steps envs never imports torch, and starts in a fraction of a second."""
+    global PixelEncoder, PixelGoalEncoder, torch, nn
+    import torch
+    from torch import nn
 
-    out_dim = 384 * 2 * 2
+    class PixelEncoder(nn.Module):
+        """The CNN in front of every network on pixels (the official with_encoder.py): (N, 64, 64, 3k) HWC images,
+        uint8 or float in [0, 255] -> (N, 1536). Divide by 255 (no mean shift), then 4 unpadded convolutions (kernel
+        4, stride 2; 64 -> 31 -> 14 -> 6 -> 2 pixels) with ELU; PyTorch's default init, no normalization."""
 
-    def __init__(self, in_channels=3 * FRAME_STACK):
-        super().__init__()
-        layers = []
-        for c_in, c_out in zip([in_channels, 48, 96, 192], [48, 96, 192, 384]):
-            layers += [nn.Conv2d(c_in, c_out, kernel_size=4, stride=2), nn.ELU()]
-        self.net = nn.Sequential(*layers, nn.Flatten())
-        self.bf16 = False  # the convolutions in bfloat16 (torch.autocast), the features float32: see encoders_in_bf16
+        out_dim = 384 * 2 * 2
 
-    def forward(self, images):
-        pixels = images.permute(0, 3, 1, 2).float() / 255.0
-        if not self.bf16:
-            return self.net(pixels)
-        with torch.autocast(pixels.device.type, torch.bfloat16, cache_enabled=False):  # capturable in a CUDA graph
-            return self.net(pixels).float()
+        def __init__(self, in_channels=3 * FRAME_STACK):
+            super().__init__()
+            layers = []
+            for c_in, c_out in zip([in_channels, 48, 96, 192], [48, 96, 192, 384]):
+                layers += [nn.Conv2d(c_in, c_out, kernel_size=4, stride=2), nn.ELU()]
+            self.net = nn.Sequential(*layers, nn.Flatten())
+            self.bf16 = False  # the convolutions in bfloat16 (torch.autocast), the features float32
+
+        def forward(self, images):
+            pixels = images.permute(0, 3, 1, 2).float() / 255.0
+            if not self.bf16:
+                return self.net(pixels)
+            with torch.autocast(pixels.device.type, torch.bfloat16, cache_enabled=False):  # capturable by a graph
+                return self.net(pixels).float()
+
+    class PixelGoalEncoder(nn.Module):
+        """The encoder of a pixel task's observation {"pixels": (N, 64, 64, 3k), "goal": (N, goal_dim)}:
+        PixelEncoder(pixels) ⊕ goal, raw, of size 1536 + goal_dim."""
+
+        def __init__(self, in_channels, goal_dim):
+            super().__init__()
+            self.pixels = PixelEncoder(in_channels)
+            self.out_dim = PixelEncoder.out_dim + goal_dim
+
+        def forward(self, obs):
+            return torch.cat([self.pixels(obs["pixels"]), obs["goal"].float()], dim=-1)
+
+    PixelEncoder.__qualname__ = "PixelEncoder"
+    PixelGoalEncoder.__qualname__ = "PixelGoalEncoder"
 
 
-class PixelGoalEncoder(nn.Module):
-    """The encoder of a pixel task's observation {"pixels": (N, 64, 64, 3k), "goal": (N, goal_dim)}:
-    PixelEncoder(pixels) ⊕ goal, raw, of size 1536 + goal_dim."""
-
-    def __init__(self, in_channels, goal_dim):
-        super().__init__()
-        self.pixels = PixelEncoder(in_channels)
-        self.out_dim = PixelEncoder.out_dim + goal_dim
-
-    def forward(self, obs):
-        return torch.cat([self.pixels(obs["pixels"]), obs["goal"].float()], dim=-1)
+def __getattr__(name):
+    """envs.PixelEncoder and envs.PixelGoalEncoder, defined at the first use (`_define_encoders`)."""
+    if name in ("PixelEncoder", "PixelGoalEncoder"):
+        _define_encoders()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_encoder(observation_space):
     """One network's own observation encoder and its feature size: a PixelEncoder for stacked frames, a
     PixelGoalEncoder for a pixel task's {"pixels", "goal"}, none (identity) for state vectors."""
+    if "PixelEncoder" not in globals():
+        _define_encoders()
     if isinstance(observation_space, gym.spaces.Dict):
         encoder = PixelGoalEncoder(observation_space["pixels"].shape[-1], observation_space["goal"].shape[0])
         return encoder, encoder.out_dim
@@ -1499,6 +1621,8 @@ def make_encoder(observation_space):
 def encoders_in_bf16(*networks):
     """--bf16: every PixelEncoder inside `networks` runs its convolutions under bfloat16 autocast, and hands its
     features on as float32."""
+    if "PixelEncoder" not in globals():
+        _define_encoders()
     for network in networks:
         for module in network.modules():
             if isinstance(module, PixelEncoder):

@@ -668,9 +668,8 @@ def start_run(args, ckpt, child_ckpt, learned, rng, train_envs, eval_envs):
         import wandb
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=vars(args), name=name, save_code=True, resume="allow", id=name)
-    # TensorBoard writes from a thread: a failed write raises at the next add_scalar
     threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else threading.__excepthook__(hook)
-    writer = SummaryWriter(folder)
+    writer = SummaryWriter(folder)  # its thread's failed write is ignored there (above), raised at the next add_scalar
     table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     resolved = [*TASK_FLAGS, "checkpoint_every"]
@@ -679,6 +678,7 @@ def start_run(args, ckpt, child_ckpt, learned, rng, train_envs, eval_envs):
     flags = ", ".join(f"--{flag.replace('_', '-')} {getattr(args, flag)}" for flag in resolved)
     source = "the run's own, but for those given anew" if ckpt else "a flag left unset: the task's"
     print(f"{args.task} over {agent} skills ({algo.upper()}, {HIGH_HORIZON} × {SKILL_STEPS} steps): {flags} ({source})")
+    train_envs.run_dir = eval_envs.run_dir = folder  # a dead env worker's line names the checkpoint
     run = types.SimpleNamespace(name=name, dir=folder, writer=writer, train_envs=train_envs,
                                 eval_envs=eval_envs, rng=rng)
     run.child = {"child_agent": agent, "child_actor_sha256": child_ckpt["actor_sha256"]}  # for the checkpoint
@@ -893,8 +893,8 @@ if __name__ == "__main__":
     sys.stdout.reconfigure(line_buffering=True)  # every line as it happens, also into a file
     try:
         main(*parse_args())
-    except (envs.RenderUnavailable, MemoryError) as e:  # a world that cannot render here, or envs beyond memory
-        error(e)
+    except (envs.RenderUnavailable, envs.WorkerDied, MemoryError) as e:  # no render, a dead env worker, no memory
+        error(e, getattr(e, "run_dir", None))
     except OSError as e:  # the run's folder or TensorBoard's file
         where = os.fsdecode(e.filename) if e.filename else "the TensorBoard log"
         error(f"cannot write {where} ({e.strerror or e})")

@@ -15,7 +15,8 @@ drawn on the GPU), and for csf.py also with --compile (the whole step compiled i
 collects in parallel worker processes (the default) unless it says --no-parallel-envs.
 
 Prints one table and writes it to benchmarks/results/gpu_speed_<card>.md, row by row (a row that fails says so and
-the others still run).
+the others still run; a row still running after --timeout seconds is stopped and gives the windows it finished).
+benchmarks/gpu_check.py runs these rows too, inside its time budget.
 """
 
 import argparse
@@ -24,6 +25,7 @@ import json
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -54,36 +56,54 @@ def device_name():
     return f"{model}, {os.cpu_count()} cores"
 
 
-def run_flags(env_id, smoke):
+def run_flags(env_id, smoke, windows=WINDOWS):
     """The flags of one measured run: learning starts after the first epoch, an evaluation after every epoch."""
     flags = ["--env-id", env_id, "--learning-starts", str(STEPS_PER_EPOCH), "--eval-every", "1",
              "--checkpoint-every", str(10**9), "--num-eval-skills", "8",
-             "--total-env-steps", str((WINDOWS + 1) * STEPS_PER_EPOCH)]
+             "--total-env-steps", str((windows + 1) * STEPS_PER_EPOCH)]
     if smoke:  # tiny: the plumbing only
         flags += ["--hidden-dim", "16", "--batch-size", "16", "--grad-steps-per-epoch", "4", "--buffer-size",
                   str(4 * STEPS_PER_EPOCH)]
     return flags
 
 
-def measure(script, env_id, extra, smoke, timeout):
-    """Run one row; return its medians over the measured windows, or the reason it failed."""
+def measure(script, env_id, extra, smoke, timeout, windows=WINDOWS):
+    """Run one row, stopped after `timeout` seconds; return its medians over the measured windows it finished (all
+    `windows` of them, unless stopped) and the seconds of one evaluation, or the reason it failed."""
     cwd = tempfile.mkdtemp(prefix="gpu_speed_")
-    command = [sys.executable, os.path.join(ROOT, f"{script}.py"), *run_flags(env_id, smoke), *extra.split()]
+    command = [sys.executable, os.path.join(ROOT, f"{script}.py"), *run_flags(env_id, smoke, windows), *extra.split()]
     started = time.time()
-    try:
-        proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"failed": f"timed out after {timeout} s"}
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
+    stopped = False
+    with open(os.path.join(cwd, "stdout.txt"), "w") as stdout, open(os.path.join(cwd, "stderr.txt"), "w") as stderr:
+        # a session of its own: stopping it stops its env workers too
+        proc = subprocess.Popen(command, cwd=cwd, stdout=stdout, stderr=stderr, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stopped = True
+        finally:  # stopped at the timeout, or by Ctrl-C here
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    wall = time.time() - started
+    if not stopped and proc.returncode != 0:
+        with open(os.path.join(cwd, "stderr.txt")) as f:
+            lines = f.read().strip().splitlines()
         return {"failed": lines[-1][:200] if lines else f"exit {proc.returncode}"}
-    (path,) = glob.glob(os.path.join(cwd, "runs", "*", "eval.jsonl"))
-    with open(path) as f:
-        windows = [json.loads(line) for line in f][2:]  # each evaluation reports the window before it
+    evals = []
+    for path in glob.glob(os.path.join(cwd, "runs", "*", "eval.jsonl")):  # written whole at each evaluation
+        with open(path) as f:
+            evals = [json.loads(line) for line in f]
+    windows = evals[2:]  # each evaluation reports the window before it; the first window is dropped
+    if not windows:
+        return {"failed": f"stopped after {timeout:.0f} s, before a measured window"}
+    # an epoch's wall time holds its evaluation and its window: what the window's speed leaves is the evaluation's
+    evaluations = [later["wall_time"] - earlier["wall_time"] - STEPS_PER_EPOCH / later["sps"]
+                   for earlier, later in zip(evals[1:], windows)]
     return {"ms": statistics.median(w["ms_per_grad_step"] for w in windows),
             "sps": statistics.median(w["sps"] for w in windows),
             "sps_range": (min(w["sps"] for w in windows), max(w["sps"] for w in windows)),
-            "wall": time.time() - started}
+            "eval_s": statistics.median(evaluations), "windows": len(windows), "stopped": stopped, "wall": wall}
 
 
 def main():
@@ -91,7 +111,8 @@ def main():
     parser.add_argument("--smoke", action="store_true", help="tiny widths and budgets: check the plumbing anywhere")
     parser.add_argument("--only", default="", help="a regular expression: only the rows whose 'script env flags' "
                                                    "match it")
-    parser.add_argument("--timeout", type=int, default=200, help="seconds before a row counts as failed")
+    parser.add_argument("--timeout", type=int, default=200,
+                        help="seconds before a row is stopped (its finished windows count)")
     args = parser.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("gpu_speed.py: error: torch sees no GPU here; --smoke runs the tiny version on any device")
@@ -117,9 +138,10 @@ def main():
                 baseline[env_id] = result["sps"]
             low, high = result["sps_range"]
             ratio = f"{result['sps'] / baseline[env_id]:.2f}×" if env_id in baseline else "–"
+            stopped = f" (stopped: {result['windows']} windows)" if result["stopped"] else ""
             out.append(f"| {script} | {env_id} | {label} | {result['ms']:.2f} | {result['sps']:,.0f} "
                        f"({low:,.0f}–{high:,.0f}) | {ratio} | "
-                       f"{PAPER_ENV_STEPS[env_id] / result['sps'] / 3600:.1f} | {result['wall']:.0f} |")
+                       f"{PAPER_ENV_STEPS[env_id] / result['sps'] / 3600:.1f} | {result['wall']:.0f}{stopped} |")
         print(out[-1], flush=True)
         with open(path, "w") as f:
             f.write("\n".join(out) + "\n")

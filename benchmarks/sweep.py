@@ -33,6 +33,12 @@ preempted or timed-out job goes on where the last one stopped, in the run's one 
 second job of the run from starting an agent beside the first). On SLURM a job warned of its time limit, or
 preempted, stops its agent and requeues itself (submitit's checkpointing) until its run reaches its budget.
 
+On this machine the cores sweep.py may use are divided into --workers disjoint groups of near-equal size (one core
+each, shared round-robin, where there are fewer cores than runs), and each run's agent is pinned to a group that no
+other running run holds (CPU affinity, which its env workers inherit: an agent starts no more env workers than the
+cores it may use), so that runs sharing one GPU do not fight over the cores. A run's cores are in its `started <run>
+on cores ...` line and in its agent.pid. SLURM gives each job its own cores.
+
 On SLURM, sweep.py only submits and follows: killing it (or closing its terminal) stops no job. sweep.jsonl records
 each run's job ids and state as they change, and the repeated command follows a run's live job (found in squeue by
 its comment, `cleanmisl sweep run <folder>`) instead of submitting another. A submission sbatch refuses is one line
@@ -199,9 +205,10 @@ def stop_process(pid, start):
         raise SweepError(f"cannot stop process {pid}: it outlived SIGKILL")
 
 
-def run_job(command, cwd, threads, driver=None, started=None):
-    """Run one agent command in its folder, its output appended to stdout.log; the exit code. While the agent runs,
-    agent.pid in the folder records it (and the SLURM job it belongs to). The agent does not outlive this process
+def run_job(command, cwd, threads, driver=None, started=None, cores=None):
+    """Run one agent command in its folder, its output appended to stdout.log; the exit code. The agent may run on
+    `cores` alone (a list of core numbers; None: wherever this process may). While the agent runs, agent.pid in the
+    folder records it (its cores, and the SLURM job it belongs to). The agent does not outlive this process
     (prctl's PR_SET_PDEATHSIG, on Linux), nor the sweep.py that started it: `driver`, {"pid", "start"}, on the local
     backend. It ignores SIGUSR2, the signal with which SLURM warns a job of its time limit: that is for the job,
     which stops the agent itself. started(pid, start), if given, learns the agent's process."""
@@ -212,6 +219,8 @@ def run_job(command, cwd, threads, driver=None, started=None):
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # an ignored signal stays ignored across exec
         if prctl:
             prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if cores:
+            os.sched_setaffinity(0, cores)
 
     with open(os.path.join(cwd, "stdout.log"), "a") as log:
         agent = subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -222,7 +231,7 @@ def run_job(command, cwd, threads, driver=None, started=None):
             write_text(record_path, json.dumps({
                 "pid": agent.pid, "start": start, "host": socket.gethostname(), "driver_pid": driver and driver["pid"],
                 "driver_start": driver and driver["start"], "slurm_job": os.environ.get("SLURM_JOB_ID"),
-                "command": command}) + "\n")
+                "cores": cores, "command": command}) + "\n")
             if started:
                 started(agent.pid, start)
         while True:
@@ -445,7 +454,7 @@ class Job(submitit.helpers.Checkpointable):
                     remove_stale_runs(folder)
                 self.stamp = checkpoint_stamp(folder)
                 offset = os.path.getsize(log) if os.path.exists(log) else 0
-                code = run_job(command(run), folder, threads, driver, started=self.started)
+                code = run_job(command(run), folder, threads, driver, started=self.started, cores=run.get("cores"))
         except (RunFailed, SweepError) as e:
             print(JOB_REASON + str(e), file=sys.stderr, flush=True)
             raise RunFailed(str(e)) from None
@@ -597,14 +606,37 @@ def finish(args, runs):
 
 
 # ---------------------------------------------------------------- this machine
+def core_groups(cores, runs):
+    """`cores` (core numbers) divided among `runs` runs at once: disjoint groups of consecutive cores whose sizes
+    differ by one at most, the larger first; with fewer cores than runs, one core each, taken round-robin."""
+    cores = sorted(cores)
+    if len(cores) < runs:
+        return [[cores[i % len(cores)]] for i in range(runs)]
+    size, larger = divmod(len(cores), runs)
+    groups, first = [], 0
+    for i in range(runs):
+        end = first + size + (1 if i < larger else 0)
+        groups.append(cores[first:end])
+        first = end
+    return groups
+
+
+def usable_cores():
+    """The cores this process may run on; None where the system does not say (not Linux)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def run_locally(args, runs):
-    """The local backend: --workers runs at once, each a submitit job (a process) of its own."""
+    """The local backend: --workers runs at once, each a submitit job (a process) of its own, its agent pinned to a
+    group of the cores this process may use (core_groups) that no other running run holds."""
     folder = os.path.join(args.sweep_dir, "submitit")
     executor = submitit.LocalExecutor(folder, max_num_timeout=REQUEUES)
     executor.update_parameters(timeout_min=args.time)
     start = process_start(os.getpid())
     driver = {"pid": os.getpid(), "start": start} if start is not None else None
-    jobs, last_report = {}, 0.0
+    cores = usable_cores()
+    free_groups = core_groups(cores, args.workers) if cores else [None] * args.workers
+    jobs, groups_held, last_report = {}, {}, 0.0
     while True:
         for i, job in list(jobs.items()):
             if job.done():
@@ -616,10 +648,15 @@ def run_locally(args, runs):
                 if runs[i]["status"] == "failed":
                     runs[i]["reason"] = failure(job.job_id, str(job.paths.stderr))
                 del jobs[i]
+                free_groups.append(groups_held.pop(i))
         for i, run in enumerate(runs):
             if run["status"] == "pending" and len(jobs) < args.workers:
-                jobs[i] = executor.submit(Job(), job_spec(run), args.threads or 1, driver)
+                group = free_groups.pop(0)
+                groups_held[i] = group
+                jobs[i] = executor.submit(Job(), {**job_spec(run), "cores": group}, args.threads or 1, driver)
                 run["status"] = "running"
+                on_cores = f" on cores {','.join(map(str, group))}" if group else ""
+                print(f"started {label(run)}{on_cores}", flush=True)
         write_state(args.sweep_dir, runs)
         if not jobs:
             return
@@ -1097,7 +1134,10 @@ def run_command(argv):
     parser.add_argument("--report", metavar="SWEEP_DIR", help="only write the report of an existing sweep")
     parser.add_argument("--backend", choices=["local", "slurm"], default="local",
                         help="local: runs on this machine; slurm: every run a SLURM job (see above)")
-    parser.add_argument("--workers", type=at_least(1), default=os.cpu_count(), help="local: runs at once")
+    cores = usable_cores()
+    parser.add_argument("--workers", type=at_least(1), default=len(cores) if cores else os.cpu_count(),
+                        help="local: runs at once (unset: one per core sweep.py may use); the cores are divided "
+                             "among them, each run pinned to its share, which bounds its env workers")
     parser.add_argument("--threads", type=at_least(1),
                         help="torch threads per run (unset: 1 locally, --cpus-per-run on SLURM)")
     parser.add_argument("--partition", help="slurm: the partition (unset: the cluster's default)")

@@ -1,14 +1,18 @@
-"""envs.ParallelVectorEnv and envs.make_envs: envs stepping in worker processes give, bit for bit, what one
-SyncVectorEnv over the same envs gives (observations, pixels included, infos, generator states, frames), and
-errors in a worker reach the parent.
+"""envs.ParallelVectorEnv and envs.make_envs: envs stepping in worker processes (and the first slice in this one)
+give, bit for bit, what one SyncVectorEnv over the same envs gives (observations through shared memory or the pipes,
+pixels included, infos, generator states, frames); errors in a worker reach the parent, and a worker imports neither
+torch nor the main script.
 
-    python -m pytest -q tests/test_parallel_envs.py     # ~20 s on 2 CPU cores (each worker imports envs.py)
+    python -m pytest -q tests/test_parallel_envs.py     # ~25 s on 2 CPU cores
 """
 
 import functools
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import envs  # first: it picks MuJoCo's GL backend before mujoco is imported (tests/conftest.py does too)
@@ -55,7 +59,7 @@ def assert_same_rollout(parallel, sync, steps, seed):
 
 @pytest.fixture(scope="module")
 def ant():
-    """3 Ant envs over 2 workers, and the same 3 envs in this process."""
+    """3 Ant envs, the first in this process and one in each of 2 workers, and the same 3 envs in this process."""
     parallel = envs.ParallelVectorEnv([ANT] * 3, num_workers=2)
     yield parallel, serial([ANT] * 3)
     parallel.close()
@@ -64,6 +68,7 @@ def ant():
 def test_ant_steps_as_one_sync_vector_env_to_its_time_limit(ant):
     parallel, sync = ant
     assert parallel.num_envs == 3 and parallel.num_workers == 2 and len(worker_processes()) == 2
+    assert parallel._observations.shape == (3, 29) and parallel._actions.shape == (3, 8)  # in shared memory
     assert parallel.single_observation_space == sync.single_observation_space
     assert parallel.single_action_space == sync.single_action_space
     assert parallel.observation_space == sync.observation_space and parallel.action_space == sync.action_space
@@ -91,17 +96,22 @@ def test_a_nan_action_raises_the_envs_value_error_in_the_parent(ant):
     parallel, sync = ant
     parallel.reset(seed=0)
     actions = np.zeros((3, 8))
-    actions[2, 0] = np.nan  # an env of the second worker
+    actions[2, 0] = np.nan  # the env of the second worker (float64 actions: through the pipe, not shared memory)
     with pytest.raises(ValueError) as raised:
         parallel.step(actions)
     assert str(raised.value) == "action must be finite, got [nan  0.  0.  0.  0.  0.  0.  0.]"
     assert parallel.step(np.zeros((3, 8)))[0].shape == (3, 29)  # the workers answer on
+    actions[:] = 0
+    actions[0, 1] = np.inf  # the env stepped in this process
+    with pytest.raises(ValueError, match="action must be finite"):
+        parallel.step(actions.astype(np.float32))
+    assert_same_rollout(parallel, sync, steps=3, seed=4)  # every answer of that step was read
 
 
 def test_pixel_world_frames_and_renders_are_those_of_the_serial_envs():
     """Quadruped's 64×64 observations, drawn in the workers (with OSMesa on a CPU), and 128×128 video frames."""
     env_fns = [functools.partial(envs.make_env, "Quadruped", mode) for mode in (None, "rgb_array", "rgb_array")]
-    parallel, sync = envs.ParallelVectorEnv(env_fns, num_workers=2), serial(env_fns)  # envs 0 | 1, 2
+    parallel, sync = envs.ParallelVectorEnv(env_fns, num_workers=1), serial(env_fns)  # envs 0 here | 1, 2
     try:
         assert_same_rollout(parallel, sync, steps=10, seed=5)
         frames = parallel.render([1])
@@ -114,6 +124,17 @@ def test_pixel_world_frames_and_renders_are_those_of_the_serial_envs():
         parallel.close()
 
 
+def test_a_dict_observation_goes_through_the_pipes():
+    """QuadrupedGoal's {"pixels", "goal"} is no single array: no shared memory, the same numbers."""
+    env_fns = [functools.partial(envs.make_task, "QuadrupedGoal")] * 2
+    parallel, sync = envs.ParallelVectorEnv(env_fns, num_workers=1), serial(env_fns)
+    try:
+        assert parallel._observations is None and isinstance(parallel.single_observation_space, gym.spaces.Dict)
+        assert_same_rollout(parallel, sync, steps=3, seed=2)
+    finally:
+        parallel.close()
+
+
 def test_make_envs_in_parallel_builds_the_serial_envs():
     made = {parallel: envs.make_envs(ANT, 2, 3, seed=11, num_video_envs=1, parallel=parallel)
             for parallel in (False, True)}
@@ -122,8 +143,8 @@ def test_make_envs_in_parallel_builds_the_serial_envs():
         assert isinstance(train, gym.vector.SyncVectorEnv) and isinstance(parallel_train, envs.ParallelVectorEnv)
         sizes = (parallel_train.num_envs, parallel_evaluation.num_envs)
         assert sizes == (train.num_envs, evaluation.num_envs) == (2, 3)
-        cores = len(os.sched_getaffinity(0))  # the default: one worker per usable core, never more than the envs
-        assert (parallel_train.num_workers, parallel_evaluation.num_workers) == (min(2, cores), min(3, cores))
+        cores = len(os.sched_getaffinity(0))  # the default: a worker per usable core but this process's, and a slice here
+        assert (parallel_train.num_workers, parallel_evaluation.num_workers) == (min(1, cores - 1), min(2, cores - 1))
         assert [env.render_mode for env in evaluation.envs] == ["rgb_array", None, None]
         # the first video env rendered once (its render context made), no other env
         assert [env.unwrapped._renderer is not None for env in evaluation.envs] == [True, False, False]
@@ -172,17 +193,45 @@ def test_infos_of_slices_concatenate_into_those_of_one_sync_vector_env():
 
 def test_workers_never_outnumber_the_envs_ignore_ctrl_c_and_report_their_death():
     before = len(worker_processes())
-    parallel = envs.ParallelVectorEnv([ANT], num_workers=4)
+    assert envs.ParallelVectorEnv([ANT], num_workers=4).num_workers == 0  # one env: stepped here
+    parallel = envs.ParallelVectorEnv([ANT] * 2, num_workers=4)
     assert parallel.num_workers == 1 and len(worker_processes()) == before + 1
+    parallel.run_dir = "runs/x"
     parallel.reset(seed=0)
     os.kill(parallel._processes[0].pid, signal.SIGINT)  # the parent's to handle, not the worker's
-    assert parallel.step(np.zeros((1, 8)))[0].shape == (1, 29)
+    assert parallel.step(np.zeros((2, 8), np.float32))[0].shape == (2, 29)
     os.kill(parallel._processes[0].pid, signal.SIGKILL)
-    with pytest.raises(RuntimeError, match=r"worker of envs 0-0 \(pid \d+\) died, exit code -9"):
-        parallel.step(np.zeros((1, 8)))
+    with pytest.raises(envs.WorkerDied, match=r"^the env worker process of envs 1-1 \(pid \d+\) died \(killed by "
+                                              r"SIGKILL: out of memory, a crash or a kill\)$") as died:
+        parallel.step(np.zeros((2, 8), np.float32))
+    assert died.value.run_dir == "runs/x"
     parallel.close()
     parallel.close()
     assert parallel.closed and len(worker_processes()) == before
+
+
+def test_a_worker_imports_neither_torch_nor_the_main_script(tmp_path):
+    """Run from a main script that imports torch: its worker's memory maps no torch library, and the script is not
+    run again in the worker (spawn would import it as __mp_main__)."""
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent(f"""
+        import functools, pathlib, sys
+        import torch
+        sys.path.insert(0, {os.getcwd()!r})
+        import envs
+        if __name__ != "__main__":
+            pathlib.Path({str(tmp_path / "imported")!r}).write_text(__name__)
+        if __name__ == "__main__":
+            vector = envs.ParallelVectorEnv([functools.partial(envs.make_env, "Ant")] * 2, num_workers=1)
+            vector.reset(seed=0)
+            maps = open(f"/proc/{{vector._processes[0].pid}}/maps").read()
+            print("torch" in maps, "libmujoco" in maps)
+            vector.close()
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]  # mujoco loaded, torch not
+    assert not (tmp_path / "imported").exists()
 
 
 def test_ctrl_c_during_a_call_closes_the_workers_at_once():
@@ -190,6 +239,7 @@ def test_ctrl_c_during_a_call_closes_the_workers_at_once():
     that no one reads (6 frames of 128×128 pixels, more than a pipe holds), and the env says it is closed."""
     before = len(worker_processes())
     parallel = envs.ParallelVectorEnv([functools.partial(envs.make_env, "Ant", "rgb_array")] * 6, num_workers=1)
+    assert parallel._slices == [(0, 3), (3, 6)]
     parallel.reset(seed=0)
 
     def interrupted():
@@ -210,5 +260,5 @@ def test_an_env_that_cannot_be_built_raises_its_error_in_the_parent():
     with pytest.raises(ValueError, match="^unknown env 'Nowhere'; choose one of Ant, "):
         envs.ParallelVectorEnv([functools.partial(envs.make_env, "Nowhere")] * 2)
     assert len(worker_processes()) == before  # the workers are gone
-    with pytest.raises(ValueError, match="needs envs and workers"):
-        envs.ParallelVectorEnv([ANT], num_workers=0)
+    with pytest.raises(ValueError, match="^a ParallelVectorEnv needs envs, got none$"):
+        envs.ParallelVectorEnv([])

@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import tokenize
+import types
 
 import pytest
 import torch
@@ -232,7 +233,8 @@ def test_update_returns_its_stats_by_name(script):
 def test_start_up_prints_the_flags_resolved_from_the_env(agent, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args, ckpt = agent.parse_args(["--env-id", "HalfCheetah", "--no-cuda"])
-    run, progress = agent.start_run(args, ckpt, {}, None, None, torch.device("cpu"))
+    no_envs = types.SimpleNamespace()
+    run, progress = agent.start_run(args, ckpt, {}, no_envs, no_envs, torch.device("cpu"))
     run.writer.close()
     assert progress["epoch"] == 0 and os.path.isdir(run.dir)
     printed = capsys.readouterr().out

@@ -74,6 +74,57 @@ def test_local_sweep_finishes_reports_and_skips_what_is_done(tmp_path):
     assert proc.returncode == 0 and "4 runs, 4 already done" in out  # the same command again: nothing to run
 
 
+def test_the_cores_are_divided_into_near_equal_groups():
+    assert sweep.core_groups(range(16), 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert sweep.core_groups([0, 1, 2], 2) == [[0, 1], [2]]
+    assert sweep.core_groups(range(10), 4) == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert sweep.core_groups([0, 1], 4) == [[0], [1], [0], [1]]  # fewer cores than runs: one each, round-robin
+    assert sweep.core_groups([9, 4, 6], 1) == [[4, 6, 9]]  # the cores a taskset left, in any order
+
+
+def env_workers(agent_pid):
+    """The processes that multiprocessing spawned from the agent of `agent_pid`: its env workers."""
+    workers = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat, open(f"/proc/{pid}/cmdline", "rb") as f:
+            parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            if parent == agent_pid and b"spawn_main" in f.read():
+                workers.append(int(pid))
+    return workers
+
+
+def test_runs_side_by_side_each_run_on_cores_of_their_own(tmp_path):
+    """--workers 2, three runs: two at a time, each agent and its env workers pinned to a share of the cores that no
+    other running run holds (one core each on two cores), as agent.pid and the start lines say; a run that ends
+    frees its share for the third. No agent starts more env workers than its share (training and evaluation envs)."""
+    shares = sweep.core_groups(sweep.usable_cores(), 2)
+    proc = run_sweep(tmp_path, "--agents", "csf", "--env-ids", "Ant", "--seeds", "1", "2", "3", "--workers", "2",
+                     "--", "--total-env-steps", "800", *TINY)
+    folders = [tmp_path / f"csf_Ant_seed{seed}" for seed in (1, 2, 3)]
+    side_by_side, deadline = [], time.time() + 600
+    while proc.poll() is None and time.time() < deadline:
+        running = []
+        for folder in folders:
+            with contextlib.suppress(OSError, ValueError):  # no agent yet, or it ended
+                record = json.loads((folder / "agent.pid").read_text())
+                workers = env_workers(record["pid"])
+                affinities = [sorted(os.sched_getaffinity(pid)) for pid in [record["pid"], *workers]]
+                assert len(workers) <= 2 * len(record["cores"])
+                running.append((record["cores"], affinities))
+        assert len(running) <= 2
+        for cores, affinities in running:
+            assert all(affinity == cores for affinity in affinities)  # the agent and its workers on its share
+        if len(running) == 2:
+            side_by_side.append(sorted(cores for cores, _ in running))
+        time.sleep(0.1)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert side_by_side and all(cores == sorted(shares) for cores in side_by_side)
+    started = re.findall(r"^started csf_Ant_seed(\d) on cores ([\d,]+)$", out, re.MULTILINE)
+    assert sorted(seed for seed, _ in started) == ["1", "2", "3"]
+    assert all([int(core) for core in cores.split(",")] in shares for _, cores in started)
+
+
 def agents_working_in(folder):
     """The pids of the agent processes whose working folder is `folder` (what `ps` would show)."""
     pids = []
