@@ -490,7 +490,7 @@ def env_workers(pid):
     return [child for child in children if "spawn_main" in open(f"/proc/{child}/cmdline").read()]
 
 
-@pytest.mark.parametrize("agent", AGENTS, ids=name)
+@pytest.mark.parametrize("agent", [csf, dads], ids=name)  # every agent's __main__: tests/test_style.py
 def test_a_killed_env_worker_ends_the_run_with_one_line_naming_it_and_its_checkpoint(agent, tmp_path):
     """kill -9 of an env worker (the OOM killer's way) mid-run: one line naming the worker and the resume command,
     and the last checkpoint whole."""
@@ -574,16 +574,14 @@ def test_cudagraphs_given_at_resume_gets_the_fused_adam(agent, tiny_run, tmp_pat
     assert all(state["step"].dtype == torch.float32 for key in optimizers for state in ckpt[key]["state"].values())
 
 
-@pytest.mark.parametrize("env_id", ["Ant", "Quadruped"])
-def test_parallel_collection_gives_the_serial_numbers_and_resumes_exactly(env_id, tmp_path):
+def test_parallel_collection_gives_the_serial_numbers_and_resumes_exactly(tmp_path):
     """The envs stepped in worker processes (the default) give every number that the envs stepped in this process
-    give, bit for bit on a CPU: eval.jsonl, the replay buffer (the trajectories, pixels included), the networks and
-    each env's RNG state in the checkpoint. A run resumed in workers from its epoch-1 checkpoint ends as the whole run
-    does."""
-    epochs, eval_envs = (3, 3) if env_id == "Ant" else (2, 2)  # pixels: no resume tested, and each step renders
-    flags = ("--env-id", env_id, "--total-env-steps", str(400 * epochs), "--num-envs", "2", "--learning-starts",
-             "400", "--grad-steps-per-epoch", "1", "--batch-size", "8", "--hidden-dim", "8", "--buffer-size", "2000",
-             "--num-eval-skills", str(eval_envs), "--eval-every", "1", "--no-cuda")
+    give, bit for bit on a CPU: eval.jsonl, the replay buffer, the networks and each env's RNG state in the
+    checkpoint. A run resumed in workers from its epoch-1 checkpoint ends as the whole run does. (Pixels through the
+    workers: tests/test_parallel_envs.py.)"""
+    flags = ("--total-env-steps", "1200", "--num-envs", "2", "--learning-starts", "400", "--grad-steps-per-epoch",
+             "1", "--batch-size", "8", "--hidden-dim", "8", "--buffer-size", "2000", "--num-eval-skills", "3",
+             "--eval-every", "1", "--no-cuda")
     for folder in ("serial", "parallel", "resumed"):
         (tmp_path / folder).mkdir()
     serial = run_agent(csf, tmp_path / "serial", *flags, "--no-parallel-envs")
@@ -593,12 +591,11 @@ def test_parallel_collection_gives_the_serial_numbers_and_resumes_exactly(env_id
     serial_ckpt, parallel_ckpt = load(os.path.join(serial, "checkpoint.pt")), load(os.path.join(parallel, "checkpoint.pt"))
     assert not serial_ckpt["args"].pop("parallel_envs") and parallel_ckpt["args"].pop("parallel_envs")
     assert_same_state(serial_ckpt, parallel_ckpt)
-    if env_id == "Ant":
-        checkpoint = tmp_path / "resumed" / "checkpoint.pt"
-        checkpoint.write_bytes(copies[1])
-        csf.main(*csf.parse_args(["--resume", str(checkpoint)]))
-        assert without_timing(read_evals(tmp_path / "resumed")) == without_timing(read_evals(parallel))  # the checkpoint's, then its own
-        assert_same_state(load(checkpoint)["buffer"], parallel_ckpt["buffer"])
+    checkpoint = tmp_path / "resumed" / "checkpoint.pt"
+    checkpoint.write_bytes(copies[1])
+    csf.main(*csf.parse_args(["--resume", str(checkpoint)]))
+    assert without_timing(read_evals(tmp_path / "resumed")) == without_timing(read_evals(parallel))  # the checkpoint's, then its own
+    assert_same_state(load(checkpoint)["buffer"], parallel_ckpt["buffer"])
 
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)

@@ -233,10 +233,11 @@ def test_update_returns_its_stats_by_name(script):
 def test_start_up_prints_the_flags_resolved_from_the_env(agent, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args, ckpt = agent.parse_args(["--env-id", "HalfCheetah", "--no-cuda"])
-    no_envs = types.SimpleNamespace()
-    run, progress = agent.start_run(args, ckpt, {}, no_envs, no_envs, torch.device("cpu"))
+    train_envs, eval_envs = types.SimpleNamespace(), types.SimpleNamespace()
+    run, progress = agent.start_run(args, ckpt, {}, train_envs, eval_envs, torch.device("cpu"))
     run.writer.close()
     assert progress["epoch"] == 0 and os.path.isdir(run.dir)
+    assert train_envs.run_dir == eval_envs.run_dir == run.dir  # a dead env worker's line names its checkpoint
     printed = capsys.readouterr().out
     spec = envs.ENV_SPECS["HalfCheetah"]
     assert f"HalfCheetah (horizon {spec.horizon})" in printed, printed
@@ -244,6 +245,18 @@ def test_start_up_prints_the_flags_resolved_from_the_env(agent, tmp_path, capsys
     assert {"total_env_steps", "eval_every", "buffer_size", "num_envs"} <= set(resolved)
     for flag in resolved:
         assert f"--{flag.replace('_', '-')} {getattr(args, flag)}" in printed, (flag, printed)
+
+
+@pytest.mark.parametrize("script", LEARNERS)
+def test_a_dead_env_worker_ends_the_script_with_its_run_folder(script):
+    """The script's `if __name__ == "__main__"` block ends a run whose env worker died (envs.WorkerDied) with
+    error(e, e.run_dir): one line and the resume command (run for csf and dads in tests/test_agent_runs.py)."""
+    tree = ast.parse(open(os.path.join(ROOT, script)).read())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test))
+    handlers = [node for node in ast.walk(block) if isinstance(node, ast.ExceptHandler)
+                and "envs.WorkerDied" in ast.unparse(node.type)]
+    assert handlers, f"{script} does not catch envs.WorkerDied"
+    assert ast.unparse(handlers[0].body[0]) == "error(e, getattr(e, 'run_dir', None))"
 
 
 def names_read_before_main_assigns_them(script):
