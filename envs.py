@@ -1331,10 +1331,26 @@ def _concatenate(parts, sizes):
 
 
 def usable_cores():
-    """The cores this process may run on (its CPU affinity: a sweep gives each run its share)."""
+    """The cores this process may run on, sorted (its CPU affinity, which a sweep sets to each run's share)."""
     if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count()
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count()))
+
+
+def divide_cores(cores, runs):
+    """`cores` divided among `runs` runs at once (benchmarks/sweep.py, gpu_check.py): disjoint groups of consecutive
+    cores whose sizes differ by one at most, the larger first; with fewer cores than runs, one core each, in turn."""
+    cores = sorted(cores)
+    if len(cores) < runs:
+        return [[cores[i % len(cores)]] for i in range(runs)]
+    size, larger = divmod(len(cores), runs)
+    groups = []
+    first = 0
+    for i in range(runs):
+        end = first + size + (1 if i < larger else 0)
+        groups.append(cores[first:end])
+        first = end
+    return groups
 
 
 class ParallelVectorEnv(gym.vector.VectorEnv):
@@ -1354,7 +1370,7 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
         if self.num_envs < 1:
             raise ValueError("a ParallelVectorEnv needs envs, got none")
         if num_workers is None:
-            num_workers = usable_cores() - 1
+            num_workers = len(usable_cores()) - 1
         self.num_workers = num_workers = max(0, min(num_workers, self.num_envs - 1))
         bounds = [self.num_envs * k // (num_workers + 1) for k in range(num_workers + 2)]
         self._slices = list(zip(bounds, bounds[1:]))  # this process steps envs 0:hi of the first, worker k the k+1-th
@@ -1468,14 +1484,11 @@ class ParallelVectorEnv(gym.vector.VectorEnv):
     def step(self, actions):
         """Step env i with actions[i]; returns the batched (obs, rewards, terminated, truncated, infos)."""
         actions = np.asarray(actions)
-        hi = self._slices[0][1]
-        args = {0: (actions[:hi],)}
+        args = {k: (actions[lo:hi],) for k, (lo, hi) in enumerate(self._slices)}
         shared = self._actions is not None and actions.shape == self._actions.shape
         if shared and actions.dtype == self._actions.dtype:  # else through the pipes, as given
             self._actions[...] = actions
-            args.update(dict.fromkeys(range(1, len(self._slices)), (None,)))
-        else:
-            args.update({k: (actions[lo:hi],) for k, (lo, hi) in enumerate(self._slices) if k > 0})
+            args.update(dict.fromkeys(range(1, len(self._slices)), (None,)))  # the workers read them there
         return self._gather(self._call("step", args))
 
     def rng_states(self):
@@ -1552,9 +1565,11 @@ def make_envs(make, num_envs, num_eval_envs, seed, num_video_envs=0, parallel=Tr
 
 
 def _define_encoders():
-    """Define PixelEncoder and PixelGoalEncoder, with torch, at their first use (`__getattr__`, `make_encoder`): a
-    worker process that only steps envs never imports torch, and starts in a fraction of a second."""
+    """Define PixelEncoder and PixelGoalEncoder, with torch, at their first use (once; `__getattr__`, `make_encoder`):
+    a worker process that only steps envs never imports torch, and starts in a fraction of a second."""
     global PixelEncoder, PixelGoalEncoder, torch, nn
+    if "PixelEncoder" in globals():
+        return
     import torch
     from torch import nn
 
@@ -1607,8 +1622,7 @@ def __getattr__(name):
 def make_encoder(observation_space):
     """One network's own observation encoder and its feature size: a PixelEncoder for stacked frames, a
     PixelGoalEncoder for a pixel task's {"pixels", "goal"}, none (identity) for state vectors."""
-    if "PixelEncoder" not in globals():
-        _define_encoders()
+    _define_encoders()
     if isinstance(observation_space, gym.spaces.Dict):
         encoder = PixelGoalEncoder(observation_space["pixels"].shape[-1], observation_space["goal"].shape[0])
         return encoder, encoder.out_dim
@@ -1621,8 +1635,7 @@ def make_encoder(observation_space):
 def encoders_in_bf16(*networks):
     """--bf16: every PixelEncoder inside `networks` runs its convolutions under bfloat16 autocast, and hands its
     features on as float32."""
-    if "PixelEncoder" not in globals():
-        _define_encoders()
+    _define_encoders()
     for network in networks:
         for module in network.modules():
             if isinstance(module, PixelEncoder):

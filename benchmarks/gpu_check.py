@@ -89,23 +89,6 @@ class Report:
             f.write("\n".join(self.lines) + "\n")
 
 
-def divide_cores(cores, runs):
-    """`cores` divided among `runs` runs: disjoint groups of consecutive cores, their sizes differing by one at most,
-    the larger first; with fewer cores than runs, one core each, taken in turn (then shared)."""
-    cores = sorted(cores)
-    if len(cores) < runs:
-        return [[cores[i % len(cores)]] for i in range(runs)]
-    groups = []
-    first = 0
-    for i in range(runs):
-        size = len(cores) // runs
-        if i < len(cores) % runs:
-            size += 1
-        groups.append(cores[first:first + size])
-        first += size
-    return groups
-
-
 def messages_ms(parallel_ms, serial_ms, num_envs, busiest_share):
     """What a parallel step spends on messages: its time less the busiest process's share of the envs' time, that
     share estimated from the envs' time in one process (serial_ms for num_envs envs; busiest_share of them)."""
@@ -364,7 +347,9 @@ def side_by_side_flags(use_gpu, smoke):
 
 def side_by_side(report, smoke, deadline):
     """Part d: 1, 2 and 4 csf.py Ant runs at once, each on its share of the cores; their env steps/s."""
-    cores = sorted(os.sched_getaffinity(0))
+    import envs  # here, not at the top: see collection_split
+
+    cores = envs.usable_cores()
     flags = side_by_side_flags(torch.cuda.is_available(), smoke)
     report.add(f"`python csf.py {' '.join(flags)}`, {len(cores)} cores divided among the runs; env steps/s over "
                "epochs 10 to 20 of each run.", "",
@@ -374,7 +359,7 @@ def side_by_side(report, smoke, deadline):
     for runs in SIDE_BY_SIDE:
         weight_left = sum(SIDE_BY_SIDE_WEIGHTS[later] for later in SIDE_BY_SIDE if later >= runs)
         group_deadline = time.time() + (deadline - time.time()) * SIDE_BY_SIDE_WEIGHTS[runs] / weight_left
-        groups = divide_cores(cores, runs)
+        groups = envs.divide_cores(cores, runs)
         sizes = "/".join(sorted({str(len(group)) for group in groups}))
         if len(cores) < runs:
             sizes += " (shared)"

@@ -606,36 +606,17 @@ def finish(args, runs):
 
 
 # ---------------------------------------------------------------- this machine
-def core_groups(cores, runs):
-    """`cores` (core numbers) divided among `runs` runs at once: disjoint groups of consecutive cores whose sizes
-    differ by one at most, the larger first; with fewer cores than runs, one core each, taken round-robin."""
-    cores = sorted(cores)
-    if len(cores) < runs:
-        return [[cores[i % len(cores)]] for i in range(runs)]
-    size, larger = divmod(len(cores), runs)
-    groups, first = [], 0
-    for i in range(runs):
-        end = first + size + (1 if i < larger else 0)
-        groups.append(cores[first:end])
-        first = end
-    return groups
-
-
-def usable_cores():
-    """The cores this process may run on; None where the system does not say (not Linux)."""
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-
-
 def run_locally(args, runs):
     """The local backend: --workers runs at once, each a submitit job (a process) of its own, its agent pinned to a
-    group of the cores this process may use (core_groups) that no other running run holds."""
+    group of the cores this process may use (envs.divide_cores) that no other running run holds."""
     folder = os.path.join(args.sweep_dir, "submitit")
     executor = submitit.LocalExecutor(folder, max_num_timeout=REQUEUES)
     executor.update_parameters(timeout_min=args.time)
     start = process_start(os.getpid())
     driver = {"pid": os.getpid(), "start": start} if start is not None else None
-    cores = usable_cores()
-    free_groups = core_groups(cores, args.workers) if cores else [None] * args.workers
+    free_groups = [None] * args.workers  # where a process cannot be pinned (not Linux)
+    if hasattr(os, "sched_setaffinity"):
+        free_groups = envs.divide_cores(envs.usable_cores(), args.workers)
     jobs, groups_held, last_report = {}, {}, 0.0
     while True:
         for i, job in list(jobs.items()):
@@ -1134,8 +1115,7 @@ def run_command(argv):
     parser.add_argument("--report", metavar="SWEEP_DIR", help="only write the report of an existing sweep")
     parser.add_argument("--backend", choices=["local", "slurm"], default="local",
                         help="local: runs on this machine; slurm: every run a SLURM job (see above)")
-    cores = usable_cores()
-    parser.add_argument("--workers", type=at_least(1), default=len(cores) if cores else os.cpu_count(),
+    parser.add_argument("--workers", type=at_least(1), default=len(envs.usable_cores()),
                         help="local: runs at once (unset: one per core sweep.py may use); the cores are divided "
                              "among them, each run pinned to its share, which bounds its env workers")
     parser.add_argument("--threads", type=at_least(1),

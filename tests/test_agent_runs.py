@@ -502,7 +502,7 @@ def test_a_killed_env_worker_ends_the_run_with_one_line_naming_it_and_its_checkp
         time.sleep(0.2)
     (checkpoint,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
     workers = env_workers(process.pid)
-    assert len(workers) == 2 * min(1, envs.usable_cores() - 1)  # on 2 cores: the training envs', the evaluation's
+    assert len(workers) == 2 * min(1, len(envs.usable_cores()) - 1)  # on 2 cores: the training envs', the evaluation's
     os.kill(int(workers[0]), signal.SIGKILL)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1

@@ -1,5 +1,5 @@
 """benchmarks/gpu_check.py without a GPU: it stops at once with one line; and its arithmetic against cases worked by
-hand (the cores each run gets, the messages' share of a parallel step, the speed between two printed lines, the
+hand (the messages' share of a parallel step, the speed between two printed lines, the
 paper's run projected).
 
     python -m pytest -q tests/test_gpu_check.py     # a few seconds
@@ -25,15 +25,6 @@ def test_without_a_gpu_it_stops_at_once_with_one_line():
     lines = proc.stderr.splitlines()
     assert len(lines) == 1
     assert "no CUDA GPU" in lines[0]
-
-
-def test_the_cores_are_divided_into_near_equal_disjoint_groups():
-    assert gpu_check.divide_cores(range(16), 1) == [list(range(16))]
-    assert gpu_check.divide_cores(range(16), 2) == [list(range(8)), list(range(8, 16))]
-    assert gpu_check.divide_cores(range(16), 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
-    assert gpu_check.divide_cores([4, 0, 3, 1, 2], 2) == [[0, 1, 2], [3, 4]]  # the larger group first
-    assert gpu_check.divide_cores(range(6), 4) == [[0, 1], [2, 3], [4], [5]]
-    assert gpu_check.divide_cores([0, 1], 4) == [[0], [1], [0], [1]]  # fewer cores than runs: shared in turn
 
 
 def test_messages_are_the_parallel_step_less_the_busiest_process_share_of_the_envs():

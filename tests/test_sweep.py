@@ -19,6 +19,7 @@ from conftest import small_disk
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # appended, after the root: benchmarks/goal_reaching.py and hierarchical.py must not hide the scripts
 sys.path.append(os.path.join(ROOT, "benchmarks"))
+import envs  # noqa: E402
 import sweep  # noqa: E402
 
 TINY = ["--num-envs", "2", "--learning-starts", "400", "--grad-steps-per-epoch", "2", "--batch-size", "16",
@@ -75,11 +76,11 @@ def test_local_sweep_finishes_reports_and_skips_what_is_done(tmp_path):
 
 
 def test_the_cores_are_divided_into_near_equal_groups():
-    assert sweep.core_groups(range(16), 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
-    assert sweep.core_groups([0, 1, 2], 2) == [[0, 1], [2]]
-    assert sweep.core_groups(range(10), 4) == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
-    assert sweep.core_groups([0, 1], 4) == [[0], [1], [0], [1]]  # fewer cores than runs: one each, round-robin
-    assert sweep.core_groups([9, 4, 6], 1) == [[4, 6, 9]]  # the cores a taskset left, in any order
+    assert envs.divide_cores(range(16), 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert envs.divide_cores([0, 1, 2], 2) == [[0, 1], [2]]
+    assert envs.divide_cores(range(10), 4) == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    assert envs.divide_cores([0, 1], 4) == [[0], [1], [0], [1]]  # fewer cores than runs: one each, round-robin
+    assert envs.divide_cores([9, 4, 6], 1) == [[4, 6, 9]]  # the cores a taskset left, in any order
 
 
 def env_workers(agent_pid):
@@ -97,7 +98,7 @@ def test_runs_side_by_side_each_run_on_cores_of_their_own(tmp_path):
     """--workers 2, three runs: two at a time, each agent and its env workers pinned to a share of the cores that no
     other running run holds (one core each on two cores), as agent.pid and the start lines say; a run that ends
     frees its share for the third. No agent starts more env workers than its share (training and evaluation envs)."""
-    shares = sweep.core_groups(sweep.usable_cores(), 2)
+    shares = envs.divide_cores(envs.usable_cores(), 2)
     proc = run_sweep(tmp_path, "--agents", "csf", "--env-ids", "Ant", "--seeds", "1", "2", "3", "--workers", "2",
                      "--", "--total-env-steps", "800", *TINY)
     folders = [tmp_path / f"csf_Ant_seed{seed}" for seed in (1, 2, 3)]
