@@ -85,7 +85,7 @@ class Args:
     cuda: bool = True  # Whether to train on the GPU when torch sees one.
     parallel_envs: bool = True  # Whether to step the envs in worker processes (the same numbers).
     buffer_on_device: bool = False  # Whether to keep the replay buffer on the device, drawn there by torch's generator.
-    cudagraphs: bool = False  # Whether to replay the gradient step as a CUDA graph, on a GPU.
+    cudagraphs: bool = False  # Whether to replay the gradient step and the actions as CUDA graphs, on a GPU.
     # Whether to compile the gradient step with torch.compile (on a CPU, the same numbers up to rounding).
     compile: bool = False
     bf16: bool = False  # Whether to run the pixel encoders' convolutions in bfloat16.
@@ -111,7 +111,8 @@ def cpc_loss(query, key, temperature):
     key = F.normalize(key, dim=-1)
     logits = query @ key.T / temperature
     positive = logits.diagonal().exp()
-    negative = logits.exp().sum(-1) - math.exp(1 / temperature)
+    largest = math.exp(1 / temperature)  # of a term: e^{1/T}
+    negative = logits.exp().sum(-1) - largest
     negative = negative.clamp(min=1e-6)
     return -torch.log(positive / (negative + 1e-6)).mean()
 
@@ -256,14 +257,14 @@ class Actor(nn.Module):
         return torch.tanh(mean)
 
 
-def env_actions(actor, obs, skill, epoch, deterministic=False):
-    """The policy's actions for the envs, as numpy: sampled, or its mode. A NaN or inf one ends the run."""
-    obs = torch.as_tensor(obs, device=skill.device)
-    if deterministic:
-        action = actor.mode(obs, skill)
-    else:
-        action, _ = actor.sample(obs, skill)
-    action = action.cpu().numpy()
+def env_actions(policy, obs, skill, epoch):
+    """The policy's actions for the envs, as numpy. A NaN or inf one ends the run."""
+    obs = torch.as_tensor(obs)
+    if skill.is_cuda:  # through pinned memory: the policy's launches need not wait for the copy
+        obs = obs.pin_memory()
+    obs = obs.to(skill.device, non_blocking=True)
+    action = policy(obs=obs, skill=skill)["action"]
+    action = action.cpu().numpy()  # the one wait for the device
     if not np.isfinite(action).all():
         error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
     return action
@@ -360,7 +361,7 @@ def main(args, ckpt=None):
                 "actor_loss": actor_loss.detach(), "alpha_loss": alpha_loss.detach(),
                 "knn_reward": reward.mean(), "alpha": alpha}
 
-    update = fast_path(update, args, device)
+    update = fast_path(update, actor, run, args, device)
     start_epoch = progress["epoch"]
     for epoch in range(start_epoch, num_epochs + 1):
         epoch_start = time.time()
@@ -368,7 +369,7 @@ def main(args, ckpt=None):
         final = epoch == num_epochs
         # evaluate and checkpoint what the previous epochs made (a resumed run skips both at its first epoch)
         if (epoch % args.eval_every == 0 or final) and not (ckpt and epoch == start_epoch):
-            evaluate(run, progress, args, actor, phi, rb, device)
+            evaluate(run, progress, args, phi, rb, device)
         if (epoch % args.checkpoint_every == 0 or final) and epoch != start_epoch:
             save_checkpoint(run, progress, args, learned, device)
         if final:
@@ -381,7 +382,7 @@ def main(args, ckpt=None):
         actions = []
         with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
-                action = env_actions(actor, obs, skills, epoch)
+                action = env_actions(run.policy, obs, skills, epoch)
                 obs, _, terminated, truncated, _ = train_envs.step(action)
                 assert not terminated.any()  # never terminal, cut at the horizon: the buffer's layout
                 assert (truncated == (t == spec.horizon - 1)).all()
@@ -622,8 +623,10 @@ def check_memory(args, space, action_dim):
                   f"{free / 2**30:,.1f} GiB is free")
 
 
-def fast_path(update, args, device):
-    """The gradient step compiled with --compile, and replayed as one CUDA graph with --cudagraphs on a GPU."""
+def fast_path(update, actor, run, args, device):
+    """Makes run.policy and run.eval_policy; compiles the step (--compile); CUDA graphs of all three (--cudagraphs)."""
+    run.policy = lambda obs, skill: {"action": actor.sample(obs, skill)[0]}  # collection's actions
+    run.eval_policy = lambda obs, skill: {"action": actor.mode(obs, skill)}  # evaluation's
     if args.compile:
         torch._inductor.config.fallback_random = device.type == "cpu"  # on a CPU, eager's random draws
         update = torch.compile(update)
@@ -631,11 +634,13 @@ def fast_path(update, args, device):
         print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them (Adam fused)")
     elif args.cudagraphs:
         update = CudaGraphStep(update)
+        run.policy = CudaGraphStep(run.policy)
+        run.eval_policy = CudaGraphStep(run.eval_policy)
     return update
 
 
 class CudaGraphStep:
-    """The step: 3 warm-up calls, one recorded as a CUDA graph, then replays of it, each batch copied into its own."""
+    """A step (or the actions): 3 warm-up calls, one recorded as a CUDA graph, then replays, each batch copied in."""
     def __init__(self, step):
         self.step = step
         self.calls = 0
@@ -725,7 +730,7 @@ def write_log(run, evals):  # eval.jsonl: a line per evaluation
 
 @torch.no_grad()
 @record_function("evaluation")
-def evaluate(run, progress, args, actor, phi, rb, device):
+def evaluate(run, progress, args, phi, rb, device):
     """Rollouts of fresh skills' modes (iod/metra.py: _evaluate_policy), E‖Δφ‖², the means since the last evaluation."""
     epoch = progress["epoch"]
     spec = envs.ENV_SPECS[args.env_id]
@@ -739,7 +744,7 @@ def evaluate(run, progress, args, actor, phi, rb, device):
         if videos:
             frames.append(np.concatenate(envs.render_envs(run.eval_envs, videos), 1))
         if t < spec.horizon:
-            action = env_actions(actor, obs, skills.to(device), epoch, deterministic=True)
+            action = env_actions(run.eval_policy, obs, skills.to(device), epoch)
             obs, _, _, _, info = run.eval_envs.step(action)
             coordinates.append(info["coordinates"])
     paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coordinates)

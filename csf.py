@@ -63,8 +63,7 @@ SKILL_DIMS = {"Ant": 2, "HalfCheetah": 2, "Quadruped": 4, "Humanoid": 8, "Kitche
 
 @dataclass
 class Args:
-    # The world to learn skills in: Ant and HalfCheetah (MuJoCo locomotion, state vectors); Quadruped and Humanoid (DMC
-    # locomotion), Kitchen (a Franka arm in a kitchen) and Robobin (a Sawyer arm, two blocks, two bins), 64×64 pixels.
+    # The world to learn skills in: Ant and HalfCheetah give state vectors, the others 64×64 pixels.
     env_id: Literal["Ant", "HalfCheetah", "Quadruped", "Humanoid", "Kitchen", "Robobin"] = "Ant"
     # The dimension d of the skill z; unset, the paper's for the world (App. B.3: Ant 2, Humanoid 8).
     skill_dim: Optional[int] = None
@@ -81,14 +80,13 @@ class Args:
     hidden_dim: int = 1024  # The width of the hidden layers of φ, ψ and π.
     # The epochs between evaluations, the last one always evaluated; unset, the official scripts' for the world.
     eval_every: Optional[int] = None
-    # The epochs between checkpoints, the last one always saved; unset, the value of --eval-every.
-    checkpoint_every: Optional[int] = None
+    checkpoint_every: Optional[int] = None  # The epochs between checkpoints, and the last; unset, --eval-every's.
     # A checkpoint.pt to continue in its folder, with its flags but those that leave learning alone; unset, a new run.
     resume: Optional[str] = None
     cuda: bool = True  # Whether to train on the GPU when torch sees one.
     parallel_envs: bool = True  # Whether to step the envs in worker processes (the same numbers).
     buffer_on_device: bool = False  # Whether to keep the replay buffer on the device, drawn there by torch's generator.
-    cudagraphs: bool = False  # Whether to replay the gradient step as a CUDA graph, on a GPU.
+    cudagraphs: bool = False  # Whether to replay the gradient step and the actions as CUDA graphs, on a GPU.
     compile: bool = False  # Whether to torch.compile the gradient step (on a CPU, the same numbers up to rounding).
     bf16: bool = False  # Whether to run the pixel encoders' convolutions in bfloat16.
     track: bool = False  # Whether to also log to Weights & Biases (WANDB_MODE=offline works).
@@ -246,14 +244,14 @@ class Actor(nn.Module):
         return torch.tanh(mean)
 
 
-def env_actions(actor, obs, skill, epoch, deterministic=False):
-    """The policy's actions for the envs, as numpy: sampled, or its mode. A NaN or inf one ends the run."""
-    obs = torch.as_tensor(obs, device=skill.device)
-    if deterministic:
-        action = actor.mode(obs, skill)
-    else:
-        action, _ = actor.sample(obs, skill)
-    action = action.cpu().numpy()
+def env_actions(policy, obs, skill, epoch):
+    """The policy's actions for the envs, as numpy. A NaN or inf one ends the run."""
+    obs = torch.as_tensor(obs)
+    if skill.is_cuda:  # through pinned memory: the policy's launches need not wait for the copy
+        obs = obs.pin_memory()
+    obs = obs.to(skill.device, non_blocking=True)
+    action = policy(obs=obs, skill=skill)["action"]
+    action = action.cpu().numpy()  # the one wait for the device
     if not np.isfinite(action).all():
         error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
     return action
@@ -351,7 +349,7 @@ def main(args, ckpt=None):
                      alpha_loss=alpha_loss, logsumexp=logsumexp, alpha=alpha)
         return {name: value.detach() for name, value in stats.items()}
 
-    update = fast_path(update, args, device)
+    update = fast_path(update, actor, run, args, device)
     start_epoch = progress["epoch"]
     for epoch in range(start_epoch, num_epochs + 1):
         epoch_start = time.time()
@@ -359,7 +357,7 @@ def main(args, ckpt=None):
         last = epoch == num_epochs
         # evaluate and checkpoint what the previous epochs made (a resumed run skips both at its first epoch)
         if (epoch % args.eval_every == 0 or last) and not (ckpt and epoch == start_epoch):
-            evaluate(run, progress, args, actor, phi, rb, device)
+            evaluate(run, progress, args, phi, rb, device)
         if (epoch % args.checkpoint_every == 0 or last) and epoch != start_epoch:
             save_checkpoint(run, progress, args, learned, device)
         if last:
@@ -372,7 +370,7 @@ def main(args, ckpt=None):
         actions = []
         with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
-                action = env_actions(actor, obs, skills, epoch)
+                action = env_actions(run.policy, obs, skills, epoch)
                 obs, _, terminated, truncated, _ = train_envs.step(action)
                 assert not terminated.any()  # never terminal, cut at the horizon: the buffer's layout
                 assert (truncated == (t == spec.horizon - 1)).all()
@@ -656,8 +654,10 @@ def check_memory(args, space, action_dim):
                   f"{free / 2**30:,.1f} GiB is free")
 
 
-def fast_path(update, args, device):
-    """The gradient step compiled with --compile, and replayed as one CUDA graph with --cudagraphs on a GPU."""
+def fast_path(update, actor, run, args, device):
+    """Makes run.policy and run.eval_policy; compiles the step (--compile); CUDA graphs of all three (--cudagraphs)."""
+    run.policy = lambda obs, skill: {"action": actor.sample(obs, skill)[0]}  # collection's actions
+    run.eval_policy = lambda obs, skill: {"action": actor.mode(obs, skill)}  # evaluation's
     if args.compile:
         torch._inductor.config.fallback_random = device.type == "cpu"  # on a CPU, eager's random draws
         update = torch.compile(update)
@@ -665,11 +665,13 @@ def fast_path(update, args, device):
         print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them (Adam fused)")
     elif args.cudagraphs:
         update = CudaGraphStep(update)
+        run.policy = CudaGraphStep(run.policy)
+        run.eval_policy = CudaGraphStep(run.eval_policy)
     return update
 
 
 class CudaGraphStep:
-    """The step: 3 warm-up calls, one recorded as a CUDA graph, then replays of it on each batch copied in."""
+    """A step (or the actions): 3 warm-up calls, one recorded as a CUDA graph, then replays on each batch copied in."""
     def __init__(self, step):
         self.step = step
         self.calls = 0
@@ -759,7 +761,7 @@ def write_log(run, evals):  # eval.jsonl: a line per evaluation
 
 @torch.no_grad()
 @record_function("evaluation")
-def evaluate(run, progress, args, actor, phi, rb, device):
+def evaluate(run, progress, args, phi, rb, device):
     """The policy's mode for fresh skills (iod/metra.py: _evaluate_policy), E‖Δφ‖², the means since the last one."""
     epoch = progress["epoch"]
     spec = envs.ENV_SPECS[args.env_id]
@@ -773,7 +775,7 @@ def evaluate(run, progress, args, actor, phi, rb, device):
         if videos:
             frames.append(np.concatenate(envs.render_envs(run.eval_envs, videos), 1))
         if t < spec.horizon:
-            action = env_actions(actor, obs, skills.to(device), epoch, deterministic=True)
+            action = env_actions(run.eval_policy, obs, skills.to(device), epoch)
             obs, _, _, _, info = run.eval_envs.step(action)
             coordinates.append(info["coordinates"])
     paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coordinates)

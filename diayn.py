@@ -100,7 +100,7 @@ class Args:
     cuda: bool = True  # Whether to train on the GPU when torch sees one.
     parallel_envs: bool = True  # Whether to step the envs in worker processes (the same numbers).
     buffer_on_device: bool = False  # Whether to keep the replay buffer on the device, drawn there by torch's generator.
-    cudagraphs: bool = False  # Whether to replay the gradient step as a CUDA graph, on a GPU.
+    cudagraphs: bool = False  # Whether to replay the gradient step and the actions as CUDA graphs, on a GPU.
     compile: bool = False  # Whether to torch.compile the gradient step (on a CPU, the same numbers up to rounding).
     bf16: bool = False  # Whether to run the pixel encoders' convolutions in bfloat16.
     track: bool = False  # Whether to also log to Weights & Biases (WANDB_MODE=offline works).
@@ -251,14 +251,14 @@ class Actor(nn.Module):
         return torch.tanh(mean)
 
 
-def env_actions(actor, obs, skill, epoch, deterministic=False):
-    """The policy's actions for the envs, as numpy: sampled, or its mode. A NaN or inf one ends the run."""
-    obs = torch.as_tensor(obs, device=skill.device)
-    if deterministic:
-        action = actor.mode(obs, skill)
-    else:
-        action, _ = actor.sample(obs, skill)
-    action = action.cpu().numpy()
+def env_actions(policy, obs, skill, epoch):
+    """The policy's actions for the envs, as numpy. A NaN or inf one ends the run."""
+    obs = torch.as_tensor(obs)
+    if skill.is_cuda:  # through pinned memory: the policy's launches need not wait for the copy
+        obs = obs.pin_memory()
+    obs = obs.to(skill.device, non_blocking=True)
+    action = policy(obs=obs, skill=skill)["action"]
+    action = action.cpu().numpy()  # the one wait for the device
     if not np.isfinite(action).all():
         error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
     return action
@@ -336,7 +336,7 @@ def main(args, ckpt=None):
                      reward=reward.mean())
         return {name: value.detach() for name, value in stats.items()}
 
-    update = fast_path(update, args, device)
+    update = fast_path(update, actor, run, args, device)
     start_epoch = progress["epoch"]
     for epoch in range(start_epoch, num_epochs + 1):
         epoch_start = time.time()
@@ -344,7 +344,7 @@ def main(args, ckpt=None):
         last = epoch == num_epochs
         # evaluate and checkpoint what the previous epochs made (a resumed run skips both at its first epoch)
         if (epoch % args.eval_every == 0 or last) and not (ckpt and epoch == start_epoch):
-            evaluate(run, progress, args, actor, phi, rb, device)
+            evaluate(run, progress, args, phi, rb, device)
         if (epoch % args.checkpoint_every == 0 or last) and epoch != start_epoch:
             save_checkpoint(run, progress, args, learned, device)
         if last:
@@ -357,7 +357,7 @@ def main(args, ckpt=None):
         actions = []
         with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
-                action = env_actions(actor, obs, skills, epoch)
+                action = env_actions(run.policy, obs, skills, epoch)
                 obs, _, terminated, truncated, _ = train_envs.step(action)
                 assert not terminated.any()  # never terminal, cut at the horizon: the buffer's layout
                 assert (truncated == (t == spec.horizon - 1)).all()
@@ -586,8 +586,10 @@ def check_memory(args, space, action_dim):
                   f"{free / 2**30:,.1f} GiB is free")
 
 
-def fast_path(update, args, device):
-    """The gradient step compiled with --compile, and replayed as one CUDA graph with --cudagraphs on a GPU."""
+def fast_path(update, actor, run, args, device):
+    """Makes run.policy and run.eval_policy; compiles the step (--compile); CUDA graphs of all three (--cudagraphs)."""
+    run.policy = lambda obs, skill: {"action": actor.sample(obs, skill)[0]}  # collection's actions
+    run.eval_policy = lambda obs, skill: {"action": actor.mode(obs, skill)}  # evaluation's
     if args.compile:
         torch._inductor.config.fallback_random = device.type == "cpu"  # on a CPU, eager's random draws
         update = torch.compile(update)
@@ -595,11 +597,13 @@ def fast_path(update, args, device):
         print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them (Adam fused)")
     elif args.cudagraphs:
         update = CudaGraphStep(update)
+        run.policy = CudaGraphStep(run.policy)
+        run.eval_policy = CudaGraphStep(run.eval_policy)
     return update
 
 
 class CudaGraphStep:
-    """The step: 3 warm-up calls, one recorded as a CUDA graph, then replays of it on each batch copied in."""
+    """A step (or the actions): 3 warm-up calls, one recorded as a CUDA graph, then replays on each batch copied in."""
     def __init__(self, step):
         self.step = step
         self.calls = 0
@@ -691,7 +695,7 @@ def eval_skills(n, skill_dim, gaussian, generator):
 
 @torch.no_grad()
 @record_function("evaluation")
-def evaluate(run, progress, args, actor, phi, rb, device):
+def evaluate(run, progress, args, phi, rb, device):
     """The policy's mode for each skill (iod/metra.py: _evaluate_policy), the discriminator on replay, the means since
     the last evaluation; a plot of the paths, a video, a line of eval.jsonl."""
     epoch = progress["epoch"]
@@ -707,7 +711,7 @@ def evaluate(run, progress, args, actor, phi, rb, device):
         if videos:
             frames.append(np.concatenate(envs.render_envs(run.eval_envs, videos), 1))
         if t < spec.horizon:
-            action = env_actions(actor, obs, skills.to(device), epoch, deterministic=True)
+            action = env_actions(run.eval_policy, obs, skills.to(device), epoch)
             obs, _, _, _, info = run.eval_envs.step(action)
             coordinates.append(info["coordinates"])
     paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coordinates)

@@ -97,7 +97,7 @@ class Args:
     alpha_init: float = 0.01  # The initial temperature α, tuned towards the entropy -|A|/2 (fixed on Kitchen).
     compile: bool = False  # Whether to torch.compile the gradient step (on a CPU, the same numbers up to rounding).
     bf16: bool = False  # Whether to run the pixel encoders' convolutions in bfloat16.
-    cudagraphs: bool = False  # Whether to replay the gradient step as a CUDA graph, on a GPU.
+    cudagraphs: bool = False  # Whether to replay the gradient step and the actions as CUDA graphs, on a GPU.
 
 
 def sample_skills(n, skill_dim, discrete=False, generator=None, device=None):
@@ -252,14 +252,14 @@ class Actor(nn.Module):
         return torch.tanh(mean)
 
 
-def env_actions(actor, obs, skill, epoch, deterministic=False):
-    """The policy's actions for the envs, as numpy: sampled, or its mode. A NaN or inf one ends the run."""
-    obs = torch.as_tensor(obs, device=skill.device)
-    if deterministic:
-        action = actor.mode(obs, skill)
-    else:
-        action, _ = actor.sample(obs, skill)
-    action = action.cpu().numpy()
+def env_actions(policy, obs, skill, epoch):
+    """The policy's actions for the envs, as numpy. A NaN or inf one ends the run."""
+    obs = torch.as_tensor(obs)
+    if skill.is_cuda:  # through pinned memory: the policy's launches need not wait for the copy
+        obs = obs.pin_memory()
+    obs = obs.to(skill.device, non_blocking=True)
+    action = policy(obs=obs, skill=skill)["action"]
+    action = action.cpu().numpy()  # the one wait for the device
     if not np.isfinite(action).all():
         error(f"the policy's action is not finite at epoch {epoch}: its networks diverged")
     return action
@@ -297,8 +297,9 @@ def main(args, ckpt=None):
     width = args.hidden_dim
     phi = Phi(space, d, width).to(device)
     qf = nn.ModuleList([QNetwork(space, action_dim, d, width) for _ in range(2)]).to(device)
-    qf_target = nn.ModuleList([QNetwork(space, action_dim, d, width) for _ in qf]).to(device)
+    qf_target = nn.ModuleList([QNetwork(space, action_dim, d, width) for _ in qf])
     qf_target.load_state_dict(qf.state_dict())  # Q̄ = Q
+    qf_target.to(device)
     actor = Actor(space, action_dim, d, width).to(device)
     if args.bf16:
         envs.encoders_in_bf16(phi, qf, qf_target, actor)
@@ -313,7 +314,8 @@ def main(args, ckpt=None):
     qf_optimizer = torch.optim.Adam(qf.parameters(), **adam)  # both Qs, on their loss sum
     actor_optimizer = torch.optim.Adam(actor.parameters(), **adam)
     alpha_optimizer = torch.optim.Adam([log_alpha], **adam)
-    lam_optimizer = torch.optim.Adam([log_lam], **adam | {"lr": args.dual_lr})  # λ's own learning rate
+    lam_adam = adam | {"lr": args.dual_lr}  # λ's own learning rate
+    lam_optimizer = torch.optim.Adam([log_lam], **lam_adam)
     rng = np.random.default_rng(args.seed)  # the replay draws
     buffer_device = None  # on the host
     if args.buffer_on_device: buffer_device = device
@@ -359,7 +361,7 @@ def main(args, ckpt=None):
                      alpha_loss=alpha_loss, reward=reward.mean(), batch_constraint=c.mean(),
                      alpha=alpha, **dual_stats)
         return {name: value.detach() for name, value in stats.items()}
-    update = fast_path(update, args, device)  # --compile, --cudagraphs
+    update = fast_path(update, actor, run, args, device)  # --compile, --cudagraphs
     start_epoch = progress["epoch"]
     for epoch in range(start_epoch, num_epochs + 1):
         epoch_start = time.time()
@@ -378,7 +380,7 @@ def main(args, ckpt=None):
         actions = []
         with torch.no_grad(), record_function("collection"):
             for t in range(spec.horizon):
-                action = env_actions(actor, obs, skills, epoch)
+                action = env_actions(run.policy, obs, skills, epoch)
                 obs, _, terminated, truncated, _ = train_envs.step(action)
                 assert not terminated.any()  # never terminal, cut at the horizon: the buffer's layout
                 assert (truncated == (t == spec.horizon - 1)).all()
@@ -625,8 +627,10 @@ def check_memory(args, space, action_dim):
                   f"{free / 2**30:,.1f} GiB is free")
 
 
-def fast_path(update, args, device):
-    """The gradient step compiled with --compile, and replayed as one CUDA graph with --cudagraphs on a GPU."""
+def fast_path(update, actor, run, args, device):
+    """Makes run.policy and run.eval_policy; compiles the step (--compile); CUDA graphs of all three (--cudagraphs)."""
+    run.policy = lambda obs, skill: {"action": actor.sample(obs, skill)[0]}  # collection's actions
+    run.eval_policy = lambda obs, skill: {"action": actor.mode(obs, skill)}  # evaluation's
     if args.compile:
         torch._inductor.config.fallback_random = device.type == "cpu"  # on a CPU, eager's random draws
         update = torch.compile(update)
@@ -634,11 +638,13 @@ def fast_path(update, args, device):
         print("--cudagraphs: CUDA graphs need a GPU; on the CPU the gradient step runs without them (Adam fused)")
     elif args.cudagraphs:
         update = CudaGraphStep(update)
+        run.policy = CudaGraphStep(run.policy)
+        run.eval_policy = CudaGraphStep(run.eval_policy)
     return update
 
 
 class CudaGraphStep:
-    """The step: 3 warm-up calls, one recorded as a CUDA graph, then replays of it, each batch copied into its own."""
+    """A step (or the actions): 3 warm-up calls, one recorded as a CUDA graph, then replays, each batch copied in."""
     def __init__(self, step):
         self.step, self.calls = step, 0
 
@@ -743,14 +749,13 @@ def evaluate(run, progress, args, learned, dual_constraint, device):
         if videos:
             frames.append(np.concatenate(envs.render_envs(run.eval_envs, videos), 1))
         if t < spec.horizon:
-            action = env_actions(learned["actor"], obs, skills.to(device), epoch, deterministic=True)
+            action = env_actions(run.eval_policy, obs, skills.to(device), epoch)
             obs, _, _, _, info = run.eval_envs.step(action)
             coordinates.append(info["coordinates"])
     paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coordinates)
     coverage = envs.coverage(paths, args.env_id)
-    wall_time = round(progress["wall_time"], 2)
     result = dict(epoch=epoch, env_steps=env_steps, grad_steps=progress["grad_steps"],
-                  wall_time=wall_time, coverage=coverage)
+                  wall_time=round(progress["wall_time"], 2), coverage=coverage)
     rb = learned["buffer"]
     if rb.size > 0:  # on up to 10k replay transitions, 1000 at a time
         n = min(10_000, rb.size)
@@ -762,10 +767,11 @@ def evaluate(run, progress, args, learned, dual_constraint, device):
         dphi, skill = torch.cat(dphi), torch.cat(skill)
         result["dphi_sq"] = dphi.pow(2).sum(-1).mean().item()
         result["constraint"] = dual_constraint(dphi, args.dual_slack).mean().item()
-        if args.save_repr_stats:  # for benchmarks/metra_repr_stats.py
-            stats = repr_stats(dphi, skill_weights(skill, args.discrete))
-            stats |= dict(skill=skill.cpu().numpy(), discrete=args.discrete, env_id=args.env_id,
-                          env_steps=env_steps, repr_loss=args.repr_loss, constraint_norm=args.constraint_norm)
+        if args.save_repr_stats:  # Δφ and w in float64, for benchmarks/metra_repr_stats.py (Figure 2, §6.2)
+            weights = skill_weights(skill, args.discrete)
+            stats = dict(dphi=dphi.cpu().double().numpy(), z=weights.cpu().double().numpy(),
+                         skill=skill.cpu().numpy(), discrete=args.discrete, env_id=args.env_id,
+                         env_steps=env_steps, repr_loss=args.repr_loss, constraint_norm=args.constraint_norm)
             path = f"{run.dir}/repr_stats_{env_steps:010d}.npz"
             write_atomically(path, lambda tmp: np.savez_compressed(tmp, **stats), run.dir)
     since_eval = progress["since_eval"]  # each epoch's means of the stats
@@ -809,14 +815,6 @@ def eval_skills(n, skill_dim, discrete, generator):
         index = (torch.arange(n) % skill_dim).sort().values
         return F.one_hot(index, skill_dim).float()
     return sample_skills(n, skill_dim, generator=generator)
-
-
-def repr_stats(dphi, weights):
-    """What benchmarks/metra_repr_stats.py reads (Figure 2, §6.2): Δφ, w, Δφ - w, Δφ/‖Δφ‖ and ‖Δφ‖², in float64."""
-    dphi, weights = dphi.cpu().double(), weights.cpu().double()
-    norm = dphi.norm(dim=-1, keepdim=True)
-    return dict(dphi=dphi.numpy(), z=weights.numpy(), dphi_minus_z=(dphi - weights).numpy(),
-                dphi_unit=(dphi / norm.clamp_min(1e-12)).numpy(), dphi_sq=norm.squeeze(-1).pow(2).numpy())
 
 
 def log_epoch(run, progress, args, step_stats, epoch_start, collect_start, train_start):

@@ -1,31 +1,32 @@
-"""One GPU check: the CUDA tests, the speed rows, the collection split by phase and 1, 2 and 4 runs on one card.
+"""One GPU check: the CUDA tests, the collection split by phase, 1, 2 and 4 runs on one card, the speed rows.
 
     python benchmarks/gpu_check.py            # on one H100 or H200, from a fresh machine: at most 9 minutes
     python benchmarks/gpu_check.py --smoke    # tiny sizes on whatever device: checks the plumbing (~5 min on 2 cores)
 
 Without a CUDA GPU (and without --smoke) it stops at once with one line. On a GPU, pixels render with MUJOCO_GL=egl
-unless MUJOCO_GL is set. The parts run in this order, each within its share of the budget (--minutes): a part that
-runs out of time reports what it finished and says so, and a part that fails says so in one line while the others
-still run.
+unless MUJOCO_GL is set. The parts run in this order, each within its share of the budget (--minutes), the speed rows
+last in whatever the others leave: a part that runs out of time reports what it finished and says so, and a part
+that fails says so in one line while the others still run.
 
   a. the tests: `python -m pytest -v tests/test_cuda.py`, the compiled test included; passed, failed and skipped,
      and the seconds they took.
-  b. the speed rows of benchmarks/gpu_speed.py (a real run of the script at the paper's settings for the env, one at
-     a time, 2 one-epoch windows after a dropped first): every agent on Ant, the default and the fast path
-     (--cudagraphs --buffer-on-device), and csf.py on Humanoid pixels (also with --bf16), csf.py's Ant and Humanoid
-     rows first, then dads.py's; last, csf.py on Ant with --compile, if time allows. A row that would not fit in
-     the time left is not started. Each row gives the paper's run projected at its speed, without evaluations and
-     with the paper's (the official schedule: Ant every 500 epochs, Humanoid every 125, 48 rollouts each, taken as
-     6 times the measured evaluation of 8).
-  c. the collection split by phase, csf.py on Ant, 8 envs, width 1024: per collection step, the policy
-     (actor.sample on the device), the copies (observations to the device, actions back), the envs stepped in this
-     process, the envs stepped in worker processes (envs.ParallelVectorEnv), and the messages between processes,
-     estimated as the parallel step less the busiest process's share of the envs' time (their time in this process
-     × its envs / all envs); and the whole step as csf.py collects. Medians over 5 repeats of 200 steps.
-  d. 1, 2 and 4 csf.py Ant runs side by side on the card (the fast path, the paper's Ant settings, learning from
+  b. the collection split by phase, csf.py on Ant, 8 envs, width 1024: per collection step, the policy
+     (actor.sample on the device, eager and, on a GPU, replayed as csf.py's CUDA graph), the copies (observations to
+     the device, also through pinned memory on a GPU; actions back), the envs stepped in this process, the envs
+     stepped in worker processes (envs.ParallelVectorEnv), and the messages between processes, estimated as the
+     parallel step less the busiest process's share of the envs' time (their time in this process × its envs / all
+     envs); and the whole step as csf.py collects, with each policy. Medians over 5 repeats of 200 steps.
+  c. 1, 2 and 4 csf.py Ant runs side by side on the card (the fast path, the paper's Ant settings, learning from
      the first epoch, evaluated only at the start and the end), each pinned to its share of this process's cores:
      the env steps/s of each run over epochs 10 to 20, from the SPS it prints at epochs 10 and 20 (the first 10
      epochs are the warm-up), and their total.
+  d. the speed rows of benchmarks/gpu_speed.py, last, in the time the other parts leave (a real run of the script at
+     the paper's settings for the env, one at a time, 2 one-epoch windows after a dropped first): every agent on Ant,
+     the default and the fast path (--cudagraphs --buffer-on-device), and csf.py on Humanoid pixels on the fast path
+     (also with --bf16), csf.py's Ant and Humanoid rows first, then dads.py's; last, csf.py on Ant with --compile,
+     if time allows. A row that would not fit in the time left is not started. Each row gives the paper's run
+     projected at its speed, without evaluations and with the paper's (the official schedule: Ant every 500 epochs,
+     Humanoid every 125, 48 rollouts each, taken as 6 times the measured evaluation of 8).
 
 Prints each table as it comes and writes them all, with the command, the card, torch and the date, to
 benchmarks/results/gpu_check_<card>.md (--smoke: gpu_check_smoke.md, not to be committed).
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import warnings
 
 import torch
@@ -53,13 +55,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 MARGIN_S = 20  # of the budget, left for the start and the end
 # each part's share of the budget; a part that ends early leaves its time to the parts after it
-SHARES = {"tests": 0.22, "rows": 0.43, "collection": 0.07, "side by side": 0.28}
+SHARES = {"tests": 0.3, "collection": 0.07, "side by side": 0.25, "rows": 0.38}
 FAST = gpu_speed.FAST
-ROWS = [  # (script, env, flags), in the order they run: csf.py on both worlds first, dads (never measured on a GPU)
-    # next, then the agents measured at 1fe2a8a, --compile last
-    ("csf", "Ant", ""), ("csf", "Ant", FAST), ("csf", "Humanoid", ""), ("csf", "Humanoid", FAST),
+ROWS = [  # (script, env, flags), in the order they run: csf.py's rows of the paper's runs first (Humanoid on the fast
+    # path alone: the default is the path to make fast), dads (never measured on a GPU) next, then the agents measured
+    # at 1fe2a8a, --compile last
+    ("csf", "Ant", ""), ("csf", "Ant", FAST), ("csf", "Humanoid", FAST), ("csf", "Humanoid", f"--bf16 {FAST}"),
     *[(agent, "Ant", flags) for agent in ("dads", "cic", "visr", "diayn", "metra") for flags in ("", FAST)],
-    ("csf", "Humanoid", f"--bf16 {FAST}"), ("csf", "Ant", f"--compile {FAST}"),
+    ("csf", "Ant", f"--compile {FAST}"),
 ]
 ROW_WINDOWS = 2
 ROW_GUESS_S = {"Ant": 35, "Humanoid": 60, "compile": 150}  # a row's wall time until one of its kind has run
@@ -193,7 +196,7 @@ def check_tests(report, smoke, deadline):
 
 
 def speed_rows(report, smoke, deadline):
-    """Part b: gpu_speed.py's rows, in ROWS' order, each started only if it fits in the time left."""
+    """Part d: gpu_speed.py's rows, in ROWS' order, each started only if it fits in the time left."""
     report.add(f"Width 1024, batch 256, the paper's epochs (--smoke: width 16); medians over {ROW_WINDOWS} one-epoch "
                "windows after the first; env steps/s end to end, evaluation excluded. The paper's run: Ant 64M env "
                "steps, Humanoid 4.8M, without evaluations and with the official schedule's (Ant every 500 epochs, "
@@ -246,7 +249,7 @@ def median_ms(step, before=None, steps=STEPS, repeats=REPEATS):
 
 
 def collection_split(report, smoke, deadline):
-    """Part c: ms per collection step of csf.py on Ant in each phase (see the module's docstring)."""
+    """Part b: ms per collection step of csf.py on Ant in each phase (see the module's docstring)."""
     # imported here, not at the top: MUJOCO_GL is set first, and the check stops without a GPU before these imports
     import numpy as np
 
@@ -280,25 +283,44 @@ def collection_split(report, smoke, deadline):
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    @torch.no_grad()
-    def policy_step():
-        actor.sample(obs_on_device, skills)
+    def collection_policy(cudagraphs):
+        """csf.py's run.policy, as its fast_path makes it: eager, or replayed as a CUDA graph (--cudagraphs)."""
+        run = types.SimpleNamespace()
+        flags = types.SimpleNamespace(compile=False, cudagraphs=cudagraphs)
+        csf.fast_path(None, actor, run, flags, device)
+        return run.policy
+
+    policies = {"eager": collection_policy(False)}
+    if device.type == "cuda":
+        policies["a CUDA graph (--cudagraphs)"] = collection_policy(True)
+
+    def policy_step(policy):
+        with torch.no_grad():
+            policy(obs=obs_on_device, skill=skills)
         synchronize()
 
     def copy_observations():
         torch.as_tensor(obs, device=device)
         synchronize()
 
+    def copy_observations_pinned():  # as csf.env_actions on a GPU
+        torch.as_tensor(obs).pin_memory().to(device, non_blocking=True)
+        synchronize()
+
     def copy_actions():
         action_on_device.cpu().numpy()
 
-    policy_ms = median_ms(policy_step, None, steps, repeats)
+    phases = []
+    for kind, policy in policies.items():
+        phases.append((f"policy: actor.sample on the {where}, width {width}, {kind}",
+                       median_ms(functools.partial(policy_step, policy), None, steps, repeats)))
     observations_ms = median_ms(copy_observations, None, steps, repeats)
+    phases.append((f"copy: observations to the {where}", observations_ms))
+    if device.type == "cuda":
+        observations_ms = median_ms(copy_observations_pinned, None, steps, repeats)
+        phases.append((f"copy: observations to the {where} through pinned memory", observations_ms))
     actions_ms = median_ms(copy_actions, None, steps, repeats)
-    phases = [(f"policy: actor.sample on the {where}, width {width}", policy_ms),
-              (f"copy: observations to the {where}", observations_ms),
-              (f"copy: actions back from the {where}", actions_ms),
-              ("envs stepped in this process", serial_ms)]
+    phases += [(f"copy: actions back from the {where}", actions_ms), ("envs stepped in this process", serial_ms)]
     header = [f"| phase of one collection step, csf.py on Ant, {NUM_ENVS} envs | ms (median of {repeats} × {steps} "
               "steps) |", "|---|---|"]
     if time.time() > deadline:
@@ -309,24 +331,25 @@ def collection_split(report, smoke, deadline):
     parallel_envs, parallel_eval_envs = envs.make_envs(make, NUM_ENVS, 1, 0, parallel=True)
     busiest_share = max(hi - lo for lo, hi in parallel_envs._slices)  # the envs of the busiest process
 
-    @torch.no_grad()
-    def collection_step():  # as csf.py's loop
-        parallel_envs.step(csf.env_actions(actor, obs, skills, 0))
+    def collection_step(policy):  # as csf.py's loop
+        with torch.no_grad():
+            parallel_envs.step(csf.env_actions(policy, obs, skills, 0))
 
     parallel_ms = median_ms(lambda: parallel_envs.step(actions), parallel_envs.reset, steps, repeats)
-    whole_ms = median_ms(collection_step, parallel_envs.reset, steps, repeats)
-    workers = parallel_envs.num_workers
+    phases += [(f"envs stepped with ParallelVectorEnv ({parallel_envs.num_workers} workers; the busiest process "
+                f"steps {busiest_share})", parallel_ms),
+               (f"messages between processes: that step less {busiest_share}/{NUM_ENVS} of the envs' time in this "
+                "process", messages_ms(parallel_ms, serial_ms, NUM_ENVS, busiest_share))]
+    for kind, policy in policies.items():
+        whole_ms = median_ms(functools.partial(collection_step, policy), parallel_envs.reset, steps, repeats)
+        phases.append((f"the whole step as csf.py collects, the policy {kind} (policy, copies, envs in workers)",
+                       whole_ms))
     parallel_envs.close()
     parallel_eval_envs.close()
-    phases += [(f"envs stepped with ParallelVectorEnv ({workers} workers; the busiest process steps {busiest_share})",
-                parallel_ms),
-               (f"messages between processes: that step less {busiest_share}/{NUM_ENVS} of the envs' time in this "
-                "process", messages_ms(parallel_ms, serial_ms, NUM_ENVS, busiest_share)),
-               ("the whole step as csf.py collects (policy, copies, envs in workers)", whole_ms)]
-    parts = policy_ms + observations_ms + actions_ms + parallel_ms
+    parts = phases[len(policies) - 1][1] + observations_ms + actions_ms + parallel_ms
     report.add(*header, *[f"| {phase} | {ms:.3f} |" for phase, ms in phases], "",
-               f"Policy, copies and the parallel envs add up to {parts:.3f} ms, against {whole_ms:.3f} ms measured "
-               "whole.")
+               f"The last policy, the last copy of the observations, the actions' copy and the parallel envs add up to "
+               f"{parts:.3f} ms, against {whole_ms:.3f} ms measured whole.")
 
 
 def side_by_side_flags(use_gpu, smoke):
@@ -346,7 +369,7 @@ def side_by_side_flags(use_gpu, smoke):
 
 
 def side_by_side(report, smoke, deadline):
-    """Part d: 1, 2 and 4 csf.py Ant runs at once, each on its share of the cores; their env steps/s."""
+    """Part c: 1, 2 and 4 csf.py Ant runs at once, each on its share of the cores; their env steps/s."""
     import envs  # here, not at the top: see collection_split
 
     cores = envs.usable_cores()
@@ -435,9 +458,9 @@ def main():
                f"{date}; torch {torch.__version__} (CUDA {torch.version.cuda}); "
                f"{len(os.sched_getaffinity(0))} cores; MUJOCO_GL={os.environ.get('MUJOCO_GL', 'unset')}; "
                f"a budget of {minutes:g} minutes.")
-    parts = [("a. tests/test_cuda.py", "tests", check_tests), ("b. speed rows", "rows", speed_rows),
-             ("c. the collection split by phase", "collection", collection_split),
-             ("d. 1, 2 and 4 runs on one card", "side by side", side_by_side)]
+    parts = [("a. tests/test_cuda.py", "tests", check_tests),
+             ("b. the collection split by phase", "collection", collection_split),
+             ("c. 1, 2 and 4 runs on one card", "side by side", side_by_side), ("d. speed rows", "rows", speed_rows)]
     budget = 60 * minutes - MARGIN_S
     end = started + budget
     for number, (title, _, part) in enumerate(parts):

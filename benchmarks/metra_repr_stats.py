@@ -67,6 +67,12 @@ def sphere_coordinate_density(x, d):
     return np.exp(log_c) * np.clip(1 - x**2, 1e-12, None) ** ((d - 3) / 2)
 
 
+def derived(dphi, z):
+    """What the table and the plot read besides Δφ and z (metra.py saves those two): Δφ - z and Δφ/‖Δφ‖."""
+    norm = np.linalg.norm(dphi, axis=1, keepdims=True)
+    return {"dphi_minus_z": dphi - z, "dphi_unit": dphi / np.maximum(norm, 1e-12)}
+
+
 def analyse(data, num_z=16384, fit_max=0.5, seed=0):
     """Every number of the table, from the arrays of one .npz."""
     dphi, dphi_minus_z, unit = data["dphi"], data["dphi_minus_z"], data["dphi_unit"]
@@ -167,6 +173,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     with np.load(args.npz) as f:
         data = {k: f[k] for k in f.files}
+    data |= derived(data["dphi"], data["z"])
     env_id = str(data.get("env_id", "unknown"))
     env_steps = int(data.get("env_steps", -1))
     discrete = bool(data.get("discrete", False))

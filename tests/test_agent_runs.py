@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import gymnasium as gym
 import imageio.v2 as imageio
@@ -281,6 +282,26 @@ def test_a_non_finite_action_stops_the_run_with_one_line(agent, tmp_path, monkey
         run_agent(agent, tmp_path, *FIVE_EPOCHS)
     assert str(stop.value.code) == (f"{name(agent)}.py: error: the policy's action is not finite at epoch 2: its "
                                     "networks diverged")
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_the_policies_are_the_actors_sample_and_mode(agent):
+    """fast_path's run.policy samples (collection's actions) and run.eval_policy gives the mode (evaluation's); on a
+    CPU neither is a CUDA graph, even with --cudagraphs (tests/test_cuda.py replays them on a GPU)."""
+    env = envs.make_env("Ant")
+    actor = agent.Actor(env.observation_space, env.action_space.shape[0], 2, 16)
+    run = types.SimpleNamespace()
+    agent.fast_path(None, actor, run, types.SimpleNamespace(compile=False, cudagraphs=True), torch.device("cpu"))
+    assert not isinstance(run.policy, agent.CudaGraphStep) and not isinstance(run.eval_policy, agent.CudaGraphStep)
+    obs = torch.randn(4, *env.observation_space.shape)
+    skill = torch.nn.functional.normalize(torch.randn(4, 2), dim=-1)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        expected = actor.sample(obs, skill)[0]
+        torch.manual_seed(0)
+        assert torch.equal(run.policy(obs=obs, skill=skill)["action"], expected)
+        assert torch.equal(run.eval_policy(obs=obs, skill=skill)["action"], actor.mode(obs, skill))
+        assert not torch.equal(expected, actor.mode(obs, skill))
 
 
 @pytest.mark.parametrize("agent", AGENTS, ids=name)

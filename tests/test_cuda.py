@@ -2,18 +2,22 @@
 
 --cudagraphs records the whole gradient step once and replays it: after its warm-up steps, a replayed step must give
 the numbers of the eager step (the same kernels and the same random draws; only fused against foreach Adam rounds
-differently). --compile --cudagraphs draws its own random numbers, so there the run must only train and stay
-finite. A checkpoint crosses between the paths both ways, and hierarchical.py's SAC replays its step too.
+differently). It replays the policy's actions too (collection's samples, evaluation's modes), which must equal the
+eager actions for the same observations and random draws. --compile --cudagraphs draws its own random numbers, so
+there the run must only train and stay finite. A checkpoint crosses between the paths both ways, and
+hierarchical.py's SAC replays its step too.
 """
 
 import math
 import os
+import types
 
 import pytest
 import torch
 from conftest import AGENTS, load, name, read_evals, run_agent
 
 import csf
+import envs
 import hierarchical
 import metra
 
@@ -36,6 +40,31 @@ def test_a_replayed_step_gives_the_eager_numbers(agent, tmp_path):
     assert graphs[-1]["grad_steps"] == eager[-1]["grad_steps"] == 16
     for stat in STATS[name(agent)]:  # the means over the first epoch's 8 steps, 5 of them replayed
         assert graphs[1][stat] == pytest.approx(eager[1][stat], rel=2e-3, abs=1e-5), stat
+
+
+@pytest.mark.parametrize("agent", AGENTS, ids=name)
+def test_the_replayed_policy_gives_the_eager_actions(agent):
+    """fast_path's run.policy and run.eval_policy with --cudagraphs (3 eager calls, the capture, then replays) on new
+    observations each call: the eager policy's actions, for the same random draws."""
+    device = torch.device("cuda")
+    env = envs.make_env("Ant")
+    actor = agent.Actor(env.observation_space, env.action_space.shape[0], 2, 64).to(device)
+    eager, graphs = types.SimpleNamespace(), types.SimpleNamespace()
+    agent.fast_path(None, actor, eager, types.SimpleNamespace(compile=False, cudagraphs=False), device)
+    agent.fast_path(None, actor, graphs, types.SimpleNamespace(compile=False, cudagraphs=True), device)
+    assert isinstance(graphs.policy, agent.CudaGraphStep) and isinstance(graphs.eval_policy, agent.CudaGraphStep)
+    skill = torch.nn.functional.normalize(torch.randn(8, 2, device=device), dim=-1)
+    with torch.no_grad():
+        for call in range(8):
+            obs = torch.randn(8, *env.observation_space.shape, device=device)
+            torch.cuda.manual_seed(call)
+            expected = eager.policy(obs=obs, skill=skill)["action"]
+            torch.cuda.manual_seed(call)
+            sampled = graphs.policy(obs=obs, skill=skill)["action"]
+            torch.testing.assert_close(sampled, expected, rtol=1e-5, atol=1e-6)
+            mode = graphs.eval_policy(obs=obs, skill=skill)["action"]
+            torch.testing.assert_close(mode, eager.eval_policy(obs=obs, skill=skill)["action"], rtol=1e-5, atol=1e-6)
+            assert not torch.equal(sampled, mode)  # a sample, not the mode
 
 
 @pytest.mark.parametrize("agent", [csf, metra], ids=name)

@@ -138,7 +138,8 @@ def test_repr_stats_slope_matches_one_over_2d(tmp_path):
     g = torch.Generator().manual_seed(0)
     dphi = metra.sample_skills(4000, 2, generator=g) * torch.rand(4000, 1, generator=g).sqrt()  # ‖Δφ‖² ~ U(0, 1)
     z = metra.sample_skills(4000, 2, generator=g)
-    np.savez(tmp_path / "s.npz", **metra.repr_stats(dphi, z), env_id="Ant", env_steps=0, discrete=False)
+    np.savez(tmp_path / "s.npz", dphi=dphi.double().numpy(), z=z.double().numpy(), env_id="Ant", env_steps=0,
+             discrete=False)  # what metra.py --save-repr-stats writes
     stats = metra_repr_stats.main([str(tmp_path / "s.npz"), "--out-dir", str(tmp_path), "--num-z", "4096"])
     slope = next(v for k, v in stats.items() if k.startswith("slope at 0"))
     assert slope == pytest.approx(0.25, rel=0.02)  # log I_0(r) = r²/4 - r⁴/64 + ...
@@ -170,10 +171,13 @@ def test_metra_c_run_has_no_lambda_and_saves_repr_stats(tmp_path):
     ckpt = load(os.path.join(run_dir, "checkpoint.pt"))
     assert torch.equal(ckpt["log_lam"], torch.tensor(math.log(30.0)))  # λ is never stepped in METRA-C
     with np.load(os.path.join(run_dir, "repr_stats_0000000400.npz")) as f:
-        assert f["dphi"].shape == (400, 2) and str(f["repr_loss"]) == "contrastive"
-        assert f["dphi_minus_z"] == pytest.approx(f["dphi"] - f["z"])
-        assert np.linalg.norm(f["dphi_unit"], axis=1) == pytest.approx(np.ones(400))
-        assert f["dphi_sq"].mean() == pytest.approx(last["dphi_sq"], rel=1e-5)  # the same 400 transitions
+        assert f["dphi"].shape == f["z"].shape == (400, 2) and str(f["repr_loss"]) == "contrastive"
+        assert f["dphi"].dtype == f["z"].dtype == np.float64
+        assert np.linalg.norm(f["z"], axis=1) == pytest.approx(np.ones(400))  # unit-sphere skills: w = z
+        assert (f["dphi"] ** 2).sum(1).mean() == pytest.approx(last["dphi_sq"], rel=1e-5)  # the same 400 transitions
+        derived = metra_repr_stats.derived(f["dphi"], f["z"])
+        assert derived["dphi_minus_z"] == pytest.approx(f["dphi"] - f["z"])
+        assert np.linalg.norm(derived["dphi_unit"], axis=1) == pytest.approx(np.ones(400))
 
 
 def test_halfcheetah_one_hot_run(tmp_path):
