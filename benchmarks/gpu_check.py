@@ -15,7 +15,9 @@ that fails says so in one line while the others still run.
      the device, also through pinned memory on a GPU; actions back), the envs stepped in this process, the envs
      stepped in worker processes (envs.ParallelVectorEnv), and the messages between processes, estimated as the
      parallel step less the busiest process's share of the envs' time (their time in this process × its envs / all
-     envs); and the whole step as csf.py collects, with each policy. Medians over 5 repeats of 200 steps.
+     envs); and the whole step as csf.py collects, with each policy. Medians over 5 repeats of 200 steps. Then,
+     while the part has time, the envs alone: Ant in fewer worker processes than the default (1, 2, 4), and
+     Humanoid's pixels in this process and in workers (50 steps a repeat).
   c. 1, 2 and 4 csf.py Ant runs side by side on the card (the fast path, the paper's Ant settings, learning from
      the first epoch, evaluated only at the start and the end), each pinned to its share of this process's cores:
      the env steps/s of each run over epochs 10 to 20, from the SPS it prints at epochs 10 and 20 (the first 10
@@ -55,7 +57,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 MARGIN_S = 20  # of the budget, left for the start and the end
 # each part's share of the budget; a part that ends early leaves its time to the parts after it
-SHARES = {"tests": 0.3, "collection": 0.07, "side by side": 0.25, "rows": 0.38}
+SHARES = {"tests": 0.3, "collection": 0.1, "side by side": 0.22, "rows": 0.38}
 FAST = gpu_speed.FAST
 ROWS = [  # (script, env, flags), in the order they run: csf.py's rows of the paper's runs first (Humanoid on the fast
     # path alone: the default is the path to make fast), dads (never measured on a GPU) next, then the agents measured
@@ -344,12 +346,59 @@ def collection_split(report, smoke, deadline):
         whole_ms = median_ms(functools.partial(collection_step, policy), parallel_envs.reset, steps, repeats)
         phases.append((f"the whole step as csf.py collects, the policy {kind} (policy, copies, envs in workers)",
                        whole_ms))
+    default_workers = parallel_envs.num_workers
     parallel_envs.close()
     parallel_eval_envs.close()
     parts = phases[len(policies) - 1][1] + observations_ms + actions_ms + parallel_ms
     report.add(*header, *[f"| {phase} | {ms:.3f} |" for phase, ms in phases], "",
                f"The last policy, the last copy of the observations, the actions' copy and the parallel envs add up to "
                f"{parts:.3f} ms, against {whole_ms:.3f} ms measured whole.")
+
+    # the envs alone, while the part has time: fewer workers than the default on Ant, then Humanoid's pixels
+    cases = [("Ant", workers) for workers in (1, 2, 4) if workers < default_workers]
+    cases += [("Humanoid", 0), ("Humanoid", None)]
+    rows = []
+    for env_id, workers in cases:
+        if time.time() > deadline:
+            rows.append(f"| {env_id}, {stepped_where(workers)} | not run: the part's time was up |")
+            continue
+        ms, workers = envs_step_ms(envs, env_id, workers, steps // 4 if env_id == "Humanoid" else steps, repeats)
+        rows.append(f"| {env_id}, {stepped_where(workers)} | {ms:.3f} |")
+    report.add("", f"| {NUM_ENVS} envs alone | ms per step |", "|---|---|", *rows)
+
+
+def stepped_where(num_workers):
+    if num_workers == 0:
+        return "in this process"
+    if num_workers is None:
+        return "ParallelVectorEnv, as many workers as the cores allow"
+    return f"ParallelVectorEnv with {num_workers} workers"
+
+
+def envs_step_ms(envs, env_id, num_workers, steps, repeats):
+    """The median ms of a step of NUM_ENVS envs of env_id with random actions: in this process (num_workers 0), or in
+    a ParallelVectorEnv with num_workers workers (None: as many as the cores allow); and the workers it had."""
+    import numpy as np
+
+    make = functools.partial(envs.make_env, env_id, None)
+    vector = gym_vector(envs, [make] * NUM_ENVS, num_workers)
+    try:
+        vector.reset(seed=0)
+        shape = (NUM_ENVS, *vector.single_action_space.shape)
+        actions = np.random.default_rng(0).uniform(-1, 1, shape).astype(vector.single_action_space.dtype)
+        ms = median_ms(lambda: vector.step(actions), lambda: vector.reset(seed=0), steps, repeats)
+        return ms, getattr(vector, "num_workers", 0)
+    finally:
+        vector.close()
+
+
+def gym_vector(envs, env_fns, num_workers):
+    """The envs in this process (num_workers 0, a SyncVectorEnv as the agents build it), or a ParallelVectorEnv."""
+    if num_workers == 0:
+        import gymnasium as gym
+
+        return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+    return envs.ParallelVectorEnv(env_fns, num_workers)
 
 
 def side_by_side_flags(use_gpu, smoke):
