@@ -1,5 +1,7 @@
 """One eager gradient step never makes the GPU wait for the host: on a CPU with a fake GPU, no agent (and neither
 hierarchical SAC nor PPO) reads from the device, puts a host tensor in a device op or copies to the device blocking.
+And each env step's actions (an agent's `env_actions`, in collection and in evaluation) copy the observations to the
+device through pinned memory without waiting, and wait for the device once: the copy of the actions back.
 
 Each script's own `main` runs with tiny flags in a subprocess (the fake GPU patches torch process-wide):
   - torch.cuda.is_available() says True, so the script picks "cuda"; FunctionMode turns cuda device arguments into
@@ -14,7 +16,8 @@ Each script's own `main` runs with tiny flags in a subprocess (the fake GPU patc
          in it) calls `sample`: that call begins a step;
       2. the update is main's nested function `update` (hierarchical.py: `sac_update`): its return ends the step;
       3. PPO: main's nested `ppo_update` loops `for ... in range(args.grad_steps_per_epoch):`; a pass is a step;
-      4. eval.jsonl's last line holds `grad_steps`, which must equal the number of steps found.
+      4. eval.jsonl's last line holds `grad_steps`, which must equal the number of steps found;
+      5. an agent's actions for the envs come from its function `env_actions`: each call is an env step's actions.
 By hand: `python tests/test_host_syncs.py csf hier-ppo` prints a JSON report per target.
 """
 
@@ -64,10 +67,14 @@ DATA_DEPENDENT = {aten.nonzero, aten.masked_select, aten._unique2, aten.unique_c
 class Recorder:
     def __init__(self):
         self.events, self.step, self.in_step = [], 0, False
+        self.stage, self.actions = "gradient step", 0  # what runs now; the env steps' actions so far
 
     def begin(self):
         if not self.in_step:
-            self.step, self.in_step = self.step + 1, True
+            self.step, self.in_step, self.stage = self.step + 1, True, "gradient step"
+
+    def begin_actions(self):
+        self.actions, self.in_step, self.stage = self.actions + 1, True, "actions"
 
     def end(self):
         self.in_step = False
@@ -78,8 +85,9 @@ class Recorder:
             (path, line), *callers = [(f.f_code.co_filename, n) for f, n in traceback.walk_stack(None)
                                       if os.path.dirname(f.f_code.co_filename) == ROOT
                                       or f.f_code.co_name == "loss_with_syncs"]
-            self.events.append({"step": self.step, "kind": kind, "where": place(path, line), "detail": detail,
-                                "source": linecache.getline(path, line).strip(),
+            step = self.step if self.stage == "gradient step" else self.actions
+            self.events.append({"stage": self.stage, "step": step, "kind": kind, "where": place(path, line),
+                                "detail": detail, "source": linecache.getline(path, line).strip(),
                                 "via": place(*callers[0]) if callers else "?"})
 
     def h2d(self, src, non_blocking):
@@ -269,6 +277,7 @@ class StepTracer:
         self.samples = {cls.sample.__code__ for cls in vars(module).values() if isinstance(cls, type)
                         and cls.__module__ == module.__name__ and hasattr(cls, "add") and hasattr(cls, "sample")}
         self.updates = {nested[name] for name in ("update", "sac_update") if name in nested}
+        self.actions = getattr(getattr(module, "env_actions", None), "__code__", None)
         self.ppo = nested.get("ppo_update")
         if self.ppo:
             (ppo,) = [f for f in ast.walk(ast.parse(inspect.getsource(module)))
@@ -286,6 +295,10 @@ class StepTracer:
             return self.end_at_return
         elif frame.f_code is self.ppo:
             return self.ppo_lines
+        elif frame.f_code is self.actions:
+            REC.begin_actions()
+            frame.f_trace_lines = False
+            return self.end_at_return
         return None
 
     def end_at_return(self, frame, event, arg):
@@ -344,7 +357,9 @@ def probe(target, workdir):
             error = traceback.format_exc()
         logs = glob.glob("runs/*/eval.jsonl")
         grad_steps = json.loads(open(logs[0]).readlines()[-1])["grad_steps"] if logs else None
-    return {"target": target, "error": error, "steps": REC.step, "grad_steps": grad_steps, "events": REC.events}
+        env_steps = json.loads(open(logs[0]).readlines()[-1])["env_steps"] if logs else None
+    return {"target": target, "error": error, "steps": REC.step, "grad_steps": grad_steps, "events": REC.events,
+            "actions": REC.actions, "env_steps": env_steps}
 
 
 # ---------------------------------------------------------------- the tests
@@ -363,8 +378,8 @@ def reports(tmp_path_factory):
     return found
 
 
-def stalls(report):  # everything but the allowed copies
-    return [e for e in report["events"] if e["kind"] != "H2D async copy"]
+def stalls(report):  # everything in the gradient steps but the allowed copies
+    return [e for e in report["events"] if e["kind"] != "H2D async copy" and e["stage"] == "gradient step"]
 
 
 def explain(report):
@@ -386,11 +401,31 @@ def test_the_tracer_sees_every_gradient_step_and_its_batch_copies(reports):
     for target in TARGETS:
         report = reports[target]
         assert report["steps"] == report["grad_steps"] >= 6, (target, report["steps"], report["grad_steps"])
-        copied = {e["step"] for e in report["events"] if e["kind"] == "H2D async copy"}
+        copied = {e["step"] for e in report["events"]
+                  if e["kind"] == "H2D async copy" and e["stage"] == "gradient step"}
         if target in ON_DEVICE:  # the batch is drawn and gathered on the device
             assert copied == set(), target
         else:
             assert copied == set(range(1, report["steps"] + 1)), target  # each step's batch, sent to the device
+
+
+@pytest.mark.parametrize("target", [t for t in TARGETS if not t.startswith("hier")])
+def test_an_env_steps_actions_copy_the_observations_async_and_wait_once_for_the_actions(reports, target):
+    """Each call of env_actions: the observations to the device from pinned memory (an async copy), the actions back
+    (the one read), nothing else; for every collection step and every evaluation step."""
+    report = reports[target]
+    assert report["error"] is None, report["error"]
+    epochs = report["env_steps"] // 400  # 2 envs of 200 steps an epoch, evaluated at the first and the last
+    assert report["actions"] == (epochs + 2) * 200, (report["actions"], report["env_steps"])
+    per_call = collections.defaultdict(collections.Counter)
+    for e in report["events"]:
+        if e["stage"] == "actions":
+            per_call[e["step"]][e["kind"], e["source"]] += 1
+    expected = {("H2D async copy", "obs = obs.to(skill.device, non_blocking=True)"): 1,
+                ("D2H read", "action = action.cpu().numpy()  # the one wait for the device"): 1}
+    assert len(per_call) == report["actions"]
+    odd = {step: dict(calls) for step, calls in per_call.items() if calls != expected}
+    assert not odd, list(odd.items())[:3]
 
 
 def test_an_injected_item_and_cpu_index_are_caught_once_per_step_at_their_line(reports):
