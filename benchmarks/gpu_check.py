@@ -362,7 +362,7 @@ def collection_split(report, smoke, deadline):
         if time.time() > deadline:
             rows.append(f"| {env_id}, {stepped_where(workers)} | not run: the part's time was up |")
             continue
-        ms, workers = envs_step_ms(envs, env_id, workers, steps // 4 if env_id == "Humanoid" else steps, repeats)
+        ms, workers = envs_step_ms(env_id, workers, steps // 4 if env_id == "Humanoid" else steps, repeats)
         rows.append(f"| {env_id}, {stepped_where(workers)} | {ms:.3f} |")
     report.add("", f"| {NUM_ENVS} envs alone | ms per step |", "|---|---|", *rows)
 
@@ -375,30 +375,22 @@ def stepped_where(num_workers):
     return f"ParallelVectorEnv with {num_workers} workers"
 
 
-def envs_step_ms(envs, env_id, num_workers, steps, repeats):
-    """The median ms of a step of NUM_ENVS envs of env_id with random actions: in this process (num_workers 0), or in
-    a ParallelVectorEnv with num_workers workers (None: as many as the cores allow); and the workers it had."""
+def envs_step_ms(env_id, num_workers, steps, repeats):
+    """The median ms of a step of NUM_ENVS envs of env_id with random actions, in a ParallelVectorEnv with
+    num_workers workers (0: all in this process; None: as many as the cores allow); and the workers it had."""
     import numpy as np
 
-    make = functools.partial(envs.make_env, env_id, None)
-    vector = gym_vector(envs, [make] * NUM_ENVS, num_workers)
+    import envs  # here, not at the top: see collection_split
+
+    vector = envs.ParallelVectorEnv([functools.partial(envs.make_env, env_id, None)] * NUM_ENVS, num_workers)
     try:
         vector.reset(seed=0)
         shape = (NUM_ENVS, *vector.single_action_space.shape)
         actions = np.random.default_rng(0).uniform(-1, 1, shape).astype(vector.single_action_space.dtype)
         ms = median_ms(lambda: vector.step(actions), lambda: vector.reset(seed=0), steps, repeats)
-        return ms, getattr(vector, "num_workers", 0)
+        return ms, vector.num_workers
     finally:
         vector.close()
-
-
-def gym_vector(envs, env_fns, num_workers):
-    """The envs in this process (num_workers 0, a SyncVectorEnv as the agents build it), or a ParallelVectorEnv."""
-    if num_workers == 0:
-        import gymnasium as gym
-
-        return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-    return envs.ParallelVectorEnv(env_fns, num_workers)
 
 
 def side_by_side_flags(use_gpu, smoke):
