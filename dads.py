@@ -723,7 +723,7 @@ def evaluate(run, progress, args, device):
     spec = envs.ENV_SPECS[args.env_id]
     env_steps = epoch * args.num_envs * spec.horizon
     videos = run.eval_envs.video_envs
-    skills = sample_skills(args.num_eval_skills, args.skill_dim, run.eval_generator)
+    skills = sample_skills(args.num_eval_skills, args.skill_dim, run.eval_generator).to(device)
     obs, info = run.eval_envs.reset()
     coordinates = [info["coordinates"]]
     frames = []
@@ -731,7 +731,7 @@ def evaluate(run, progress, args, device):
         if videos:
             frames.append(np.concatenate(envs.render_envs(run.eval_envs, videos), 1))
         if t < spec.horizon:
-            action = env_actions(run.eval_policy, obs, skills.to(device), epoch)
+            action = env_actions(run.eval_policy, obs, skills, epoch)
             obs, _, _, _, info = run.eval_envs.step(action)
             coordinates.append(info["coordinates"])
     paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coordinates)
@@ -750,7 +750,7 @@ def evaluate(run, progress, args, device):
     since_eval.clear()
     result.update(progress["timing"])
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    z = skills.numpy()  # a path's colour: the angle of (z_0, z_1), or z's sign
+    z = skills.cpu().numpy()  # a path's colour: the angle of (z_0, z_1), or z's sign
     angle = np.arctan2(z[:, 1], z[:, 0]) if args.skill_dim > 1 else np.pi * (z[:, 0] > 0)
     fig, ax = plt.subplots(figsize=(5, 5))
     envs.draw_coordinates(ax, paths, plt.cm.hsv((angle + np.pi) / (2 * np.pi)), args.env_id)

@@ -531,7 +531,7 @@ def env_defaults(env_id):  # the flags whose unset value depends on the world
 def start_run(args, ckpt, learned, train_envs, eval_envs, device):
     """The run's folder, logs, evaluation streams, and progress: a new run's, or with --resume the checkpoint's."""
     name = f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
-    folder = os.path.join("runs", name)
+    folder = f"runs/{name}"
     if ckpt:
         name = ckpt["run_name"]
         folder = os.path.dirname(os.path.abspath(args.resume))
@@ -703,7 +703,7 @@ def evaluate(run, progress, args, phi, rb, device):
     env_steps = epoch * args.num_envs * spec.horizon
     videos = run.eval_envs.video_envs
     gaussian = args.env_id in GAUSSIAN_ENVS
-    skills = eval_skills(args.num_eval_skills, args.skill_dim, gaussian, run.eval_generator)
+    skills = eval_skills(args.num_eval_skills, args.skill_dim, gaussian, run.eval_generator).to(device)
     obs, info = run.eval_envs.reset()
     coordinates = [info["coordinates"]]
     frames = []
@@ -711,7 +711,7 @@ def evaluate(run, progress, args, phi, rb, device):
         if videos:
             frames.append(np.concatenate(envs.render_envs(run.eval_envs, videos), 1))
         if t < spec.horizon:
-            action = env_actions(run.eval_policy, obs, skills.to(device), epoch)
+            action = env_actions(run.eval_policy, obs, skills, epoch)
             obs, _, _, _, info = run.eval_envs.step(action)
             coordinates.append(info["coordinates"])
     paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coordinates)
@@ -739,7 +739,7 @@ def evaluate(run, progress, args, phi, rb, device):
     since_eval.clear()
     result.update(progress["timing"])
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    z = skills.numpy()  # a path's colour: its skill's index, or the angle of a Gaussian (z_0, z_1)
+    z = skills.cpu().numpy()  # a path's colour: its skill's index, or the angle of a Gaussian (z_0, z_1)
     hue = z.argmax(-1) / args.skill_dim
     if gaussian:
         hue = (np.arctan2(z[:, 1], z[:, 0]) + np.pi) / (2 * np.pi)

@@ -658,7 +658,7 @@ def start_run(args, ckpt, child_ckpt, learned, rng, train_envs, eval_envs):
     algo = envs.TASKS[args.task].algo
     agent = child_ckpt["agent"]
     name = f"{args.task}__{AGENT}_{agent}__{args.seed}__{int(time.time())}"
-    folder = os.path.join("runs", name)
+    folder = f"runs/{name}"
     if ckpt:
         name = ckpt["run_name"]
         folder = os.path.dirname(os.path.abspath(args.resume))

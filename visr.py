@@ -524,7 +524,7 @@ def env_defaults(env_id):  # the flags whose unset value depends on the world
 def start_run(args, ckpt, learned, train_envs, eval_envs, device):
     """The run's folder, logs, evaluation streams, and progress: a new run's, or with --resume the checkpoint's."""
     name = f"{args.env_id}__{AGENT}__{args.seed}__{int(time.time())}"
-    folder = os.path.join("runs", name)
+    folder = f"runs/{name}"
     if ckpt:
         name = ckpt["run_name"]
         folder = os.path.dirname(os.path.abspath(args.resume))
@@ -692,7 +692,7 @@ def evaluate(run, progress, args, phi, rb, device):
     spec = envs.ENV_SPECS[args.env_id]
     env_steps = epoch * args.num_envs * spec.horizon
     videos = run.eval_envs.video_envs
-    skills = sample_skills(args.num_eval_skills, args.skill_dim, run.eval_generator)
+    skills = sample_skills(args.num_eval_skills, args.skill_dim, run.eval_generator).to(device)
     obs, info = run.eval_envs.reset()
     coordinates = [info["coordinates"]]
     frames = []
@@ -700,7 +700,7 @@ def evaluate(run, progress, args, phi, rb, device):
         if videos:
             frames.append(np.concatenate(envs.render_envs(run.eval_envs, videos), 1))
         if t < spec.horizon:
-            action = env_actions(run.eval_policy, obs, skills.to(device), epoch)
+            action = env_actions(run.eval_policy, obs, skills, epoch)
             obs, _, _, _, info = run.eval_envs.step(action)
             coordinates.append(info["coordinates"])
     paths = np.stack(coordinates, 1)  # (rollouts, horizon + 1, coordinates)
@@ -723,7 +723,7 @@ def evaluate(run, progress, args, phi, rb, device):
     since_eval.clear()
     result.update(progress["timing"])
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    z = skills.numpy()  # a path's colour: the angle of (z_0, z_1), or z's sign
+    z = skills.cpu().numpy()  # a path's colour: the angle of (z_0, z_1), or z's sign
     angle = np.arctan2(z[:, 1], z[:, 0]) if args.skill_dim > 1 else np.pi * (z[:, 0] > 0)
     fig, ax = plt.subplots(figsize=(5, 5))
     envs.draw_coordinates(ax, paths, plt.cm.hsv((angle + np.pi) / (2 * np.pi)), args.env_id)

@@ -338,7 +338,7 @@ def collection_split(report, smoke, deadline):
             parallel_envs.step(csf.env_actions(policy, obs, skills, 0))
 
     parallel_ms = median_ms(lambda: parallel_envs.step(actions), parallel_envs.reset, steps, repeats)
-    phases += [(f"envs stepped with ParallelVectorEnv ({parallel_envs.num_workers} workers; the busiest process "
+    phases += [(f"envs stepped with ParallelVectorEnv ({worker_count(parallel_envs.num_workers)}; the busiest process "
                 f"steps {busiest_share})", parallel_ms),
                (f"messages between processes: that step less {busiest_share}/{NUM_ENVS} of the envs' time in this "
                 "process", messages_ms(parallel_ms, serial_ms, NUM_ENVS, busiest_share))]
@@ -372,7 +372,11 @@ def stepped_where(num_workers):
         return "in this process"
     if num_workers is None:
         return "ParallelVectorEnv, as many workers as the cores allow"
-    return f"ParallelVectorEnv with {num_workers} workers"
+    return f"ParallelVectorEnv with {worker_count(num_workers)}"
+
+
+def worker_count(num_workers):
+    return f"{num_workers} worker{'' if num_workers == 1 else 's'}"
 
 
 def envs_step_ms(env_id, num_workers, steps, repeats):

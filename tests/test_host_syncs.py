@@ -1,7 +1,8 @@
 """One eager gradient step never makes the GPU wait for the host: on a CPU with a fake GPU, no agent (and neither
 hierarchical SAC nor PPO) reads from the device, puts a host tensor in a device op or copies to the device blocking.
 And each env step's actions (an agent's `env_actions`, in collection and in evaluation) copy the observations to the
-device through pinned memory without waiting, and wait for the device once: the copy of the actions back.
+device through pinned memory without waiting, and wait for the device once: the copy of the actions back. Around them,
+an evaluation copies nothing at each step (its skills go to the device once).
 
 Each script's own `main` runs with tiny flags in a subprocess (the fake GPU patches torch process-wide):
   - torch.cuda.is_available() says True, so the script picks "cuda"; FunctionMode turns cuda device arguments into
@@ -17,7 +18,8 @@ Each script's own `main` runs with tiny flags in a subprocess (the fake GPU patc
       2. the update is main's nested function `update` (hierarchical.py: `sac_update`): its return ends the step;
       3. PPO: main's nested `ppo_update` loops `for ... in range(args.grad_steps_per_epoch):`; a pass is a step;
       4. eval.jsonl's last line holds `grad_steps`, which must equal the number of steps found;
-      5. an agent's actions for the envs come from its function `env_actions`: each call is an env step's actions.
+      5. an agent's actions for the envs come from its function `env_actions`: each call is an env step's actions;
+      6. an agent's evaluation is its function `evaluate` (under decorators), which calls `env_actions`.
 By hand: `python tests/test_host_syncs.py csf hier-ppo` prints a JSON report per target.
 """
 
@@ -68,6 +70,7 @@ class Recorder:
     def __init__(self):
         self.events, self.step, self.in_step = [], 0, False
         self.stage, self.actions = "gradient step", 0  # what runs now; the env steps' actions so far
+        self.evaluations, self.evaluating = 0, False
 
     def begin(self):
         if not self.in_step:
@@ -76,8 +79,14 @@ class Recorder:
     def begin_actions(self):
         self.actions, self.in_step, self.stage = self.actions + 1, True, "actions"
 
-    def end(self):
-        self.in_step = False
+    def begin_evaluation(self):
+        self.evaluations, self.evaluating, self.in_step, self.stage = self.evaluations + 1, True, True, "evaluation"
+
+    def end(self):  # inside an evaluation, back to it
+        self.in_step, self.stage = self.evaluating, "evaluation" if self.evaluating else self.stage
+
+    def end_evaluation(self):
+        self.evaluating = self.in_step = False
 
     def record(self, kind, detail):
         """An event at the innermost frame of the scripts (or of the syncs injected below), and the one calling it."""
@@ -85,7 +94,7 @@ class Recorder:
             (path, line), *callers = [(f.f_code.co_filename, n) for f, n in traceback.walk_stack(None)
                                       if os.path.dirname(f.f_code.co_filename) == ROOT
                                       or f.f_code.co_name == "loss_with_syncs"]
-            step = self.step if self.stage == "gradient step" else self.actions
+            step = {"gradient step": self.step, "actions": self.actions, "evaluation": self.evaluations}[self.stage]
             self.events.append({"stage": self.stage, "step": step, "kind": kind, "where": place(path, line),
                                 "detail": detail, "source": linecache.getline(path, line).strip(),
                                 "via": place(*callers[0]) if callers else "?"})
@@ -278,6 +287,7 @@ class StepTracer:
                         and cls.__module__ == module.__name__ and hasattr(cls, "add") and hasattr(cls, "sample")}
         self.updates = {nested[name] for name in ("update", "sac_update") if name in nested}
         self.actions = getattr(getattr(module, "env_actions", None), "__code__", None)
+        self.evaluation = inspect.unwrap(module.evaluate).__code__ if self.actions else None
         self.ppo = nested.get("ppo_update")
         if self.ppo:
             (ppo,) = [f for f in ast.walk(ast.parse(inspect.getsource(module)))
@@ -299,12 +309,21 @@ class StepTracer:
             REC.begin_actions()
             frame.f_trace_lines = False
             return self.end_at_return
+        elif frame.f_code is self.evaluation:
+            REC.begin_evaluation()
+            frame.f_trace_lines = False
+            return self.end_evaluation_at_return
         return None
 
     def end_at_return(self, frame, event, arg):
         if event == "return":
             REC.end()
         return self.end_at_return
+
+    def end_evaluation_at_return(self, frame, event, arg):
+        if event == "return":
+            REC.end_evaluation()
+        return self.end_evaluation_at_return
 
     def ppo_lines(self, frame, event, arg):
         if event == "line" and frame.f_lineno in self.minibatch_lines:
@@ -359,7 +378,7 @@ def probe(target, workdir):
         grad_steps = json.loads(open(logs[0]).readlines()[-1])["grad_steps"] if logs else None
         env_steps = json.loads(open(logs[0]).readlines()[-1])["env_steps"] if logs else None
     return {"target": target, "error": error, "steps": REC.step, "grad_steps": grad_steps, "events": REC.events,
-            "actions": REC.actions, "env_steps": env_steps}
+            "actions": REC.actions, "env_steps": env_steps, "evaluations": REC.evaluations}
 
 
 # ---------------------------------------------------------------- the tests
@@ -426,6 +445,19 @@ def test_an_env_steps_actions_copy_the_observations_async_and_wait_once_for_the_
     assert len(per_call) == report["actions"]
     odd = {step: dict(calls) for step, calls in per_call.items() if calls != expected}
     assert not odd, list(odd.items())[:3]
+
+
+@pytest.mark.parametrize("target", [t for t in TARGETS if not t.startswith("hier")])
+def test_an_evaluation_copies_nothing_at_each_step_but_in_env_actions(reports, target):
+    """Around env_actions, an evaluation's copies and reads (its skills, its E‖Δφ‖² batches, its means) are a few,
+    none of them once per env step."""
+    report = reports[target]
+    assert report["error"] is None and report["evaluations"] == 2, (report["error"], report["evaluations"])
+    around = collections.Counter((e["step"], e["kind"], e["where"], e["source"]) for e in report["events"]
+                                 if e["stage"] == "evaluation")
+    assert around, target  # the tracer sees inside evaluate: its means come back to the host
+    per_step = {key: n for key, n in around.items() if n >= 200}  # 200 steps an evaluation
+    assert not per_step, per_step
 
 
 def test_an_injected_item_and_cpu_index_are_caught_once_per_step_at_their_line(reports):
